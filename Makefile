@@ -1,0 +1,37 @@
+# The README's commands. Each target installs what a fresh Debian 12
+# machine lacks (as root) before it builds.
+
+.PHONY: all build prod run test db api provider bench deps clean
+
+all: build
+
+deps:
+	@scripts/deps
+
+build: deps
+	@scripts/build dev
+
+prod: deps
+	@scripts/build prod
+
+run: deps
+	@scripts/run
+
+test:
+	@scripts/test
+
+db: deps
+	@scripts/db
+
+api: build
+	@scripts/api
+
+provider: build
+	@scripts/provider
+
+bench: deps
+	@scripts/bench
+
+clean:
+	kodev clean || true
+	rm -f app.so .build-flavor

@@ -1,0 +1,77 @@
+# Shared by the scripts behind the make targets; sourced, not run.
+# The embedded PostgreSQL cluster lives under the project in .pgdata/.
+
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+APP=$(basename "$ROOT")
+EMBEDDED_PGDATA=$ROOT/.pgdata
+EMBEDDED_PGPORT=54329
+
+export PGOPTIONS="-c client_min_messages=warning"
+
+pg_bin() {
+	ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V | tail -n 1
+}
+
+# A libpq connection string for a cluster made by cluster_start.
+cluster_url() {
+	echo "host=127.0.0.1 port=$1 dbname=${2:-idem} user=idem" \
+	    "sslmode=disable gssencmode=disable connect_timeout=3"
+}
+
+# PostgreSQL refuses to run as root: run its programs as postgres then.
+as_postgres() {
+	if [ "$(id -u)" -eq 0 ]; then
+		runuser -u postgres -- "$@"
+	else
+		"$@"
+	fi
+}
+
+# Creates the cluster in $1 on the first call, starts it on port $2 (TCP on
+# loopback only, no Unix socket) and creates the database idem.
+cluster_start() {
+	local dir=$1 port=$2 bin
+	bin=$(pg_bin)
+
+	if [ ! -f "$dir/PG_VERSION" ]; then
+		mkdir -p "$dir"
+		chmod 700 "$dir"
+		[ "$(id -u)" -ne 0 ] || chown postgres:postgres "$dir"
+		as_postgres "$bin/initdb" -D "$dir" -U idem --auth=trust \
+		    -E UTF8 --locale=C.UTF-8 >/dev/null
+	fi
+
+	if ! as_postgres "$bin/pg_ctl" -D "$dir" status >/dev/null 2>&1; then
+		as_postgres "$bin/pg_ctl" -D "$dir" -w -t 60 \
+		    -l "$dir/server.log" -o "-p $port \
+		    -c listen_addresses=127.0.0.1 \
+		    -c unix_socket_directories= -c max_connections=200" \
+		    start >/dev/null
+	fi
+
+	if [ -z "$(psql "$(cluster_url "$port" postgres)" -XAtq -c \
+	    "select 1 from pg_database where datname = 'idem'")" ]; then
+		psql "$(cluster_url "$port" postgres)" -Xq -c \
+		    "create database idem"
+	fi
+}
+
+cluster_stop() {
+	local dir=$1
+	if [ -f "$dir/postmaster.pid" ]; then
+		as_postgres "$(pg_bin)/pg_ctl" -D "$dir" -w -m fast stop \
+		    >/dev/null || true
+	fi
+}
+
+# Applies every migration in sql/ in order; each is safe to apply twice.
+migrate() {
+	local url=$1 f
+	for f in "$ROOT"/sql/*.sql; do
+		psql "$url" -X -q -v ON_ERROR_STOP=1 -f "$f"
+	done
+}
+
+load_dev_clients() {
+	psql "$1" -X -q -v ON_ERROR_STOP=1 -f "$ROOT/dev/clients.sql"
+}

@@ -1,0 +1,229 @@
+-- Orders and bonus points: operations inside this database, protected by
+-- the transactional strategy.
+
+create table if not exists orders (
+	order_id	bigint generated always as identity primary key,
+	client_id	text not null,
+	customer_id	text not null check (length(customer_id) between 1 and 128),
+	amount		bigint not null
+			check (amount > 0 and amount <= 9007199254740991),
+	currency	text not null check (currency ~ '^[A-Z]{3}$'),
+	comment		text,
+	bonus_points	bigint not null check (bonus_points >= 0),
+	idem_key	text not null,
+	created_at	timestamptz not null default now()
+);
+
+comment on table orders is
+    'Orders, each created by one POST /v1/orders with its Idempotency-Key.';
+
+create index if not exists orders_customer
+    on orders (client_id, customer_id, order_id);
+
+create table if not exists bonus_accounts (
+	client_id	text not null,
+	customer_id	text not null,
+	balance		bigint not null default 0 check (balance >= 0),
+	updated_at	timestamptz not null default now(),
+	primary key (client_id, customer_id)
+);
+
+comment on table bonus_accounts is
+    'Bonus balance of a client''s customer; never negative.';
+
+create table if not exists bonus_ledger (
+	entry_id	bigint generated always as identity primary key,
+	client_id	text not null,
+	customer_id	text not null,
+	points		bigint not null check (points <> 0),
+	reason		text not null,
+	order_id	bigint references orders,
+	idem_key	text not null,
+	created_at	timestamptz not null default now()
+);
+
+comment on table bonus_ledger is
+    'Every change of a bonus balance: accruals from orders, redemptions.';
+
+-- Adds points to a balance and writes the ledger row, or returns no row
+-- when a redemption would take the balance below zero.
+create or replace function bonus_post(p_client text, p_customer text,
+    p_points bigint, p_reason text, p_order bigint, p_key text)
+returns table (entry_id bigint, balance bigint)
+language plpgsql as $$
+declare
+	v_balance	bigint;
+begin
+	if p_points > 0 then
+		insert into bonus_accounts as a (client_id, customer_id, balance)
+		values (p_client, p_customer, p_points)
+		on conflict (client_id, customer_id) do update
+		   set balance = a.balance + excluded.balance, updated_at = now()
+		returning a.balance into v_balance;
+	else
+		update bonus_accounts a
+		   set balance = a.balance + p_points, updated_at = now()
+		 where a.client_id = p_client and a.customer_id = p_customer
+		   and a.balance + p_points >= 0
+		returning a.balance into v_balance;
+		if not found then
+			return;
+		end if;
+	end if;
+
+	return query
+	insert into bonus_ledger (client_id, customer_id, points, reason,
+	    order_id, idem_key)
+	values (p_client, p_customer, p_points, p_reason, p_order, p_key)
+	returning bonus_ledger.entry_id, v_balance;
+end;
+$$;
+
+comment on function bonus_post(text, text, bigint, text, bigint, text) is
+    'Moves a bonus balance by p_points with its ledger row; no row back when '
+    'the balance would go below zero.';
+
+-- POST /v1/orders. The key row is inserted first: a concurrent duplicate
+-- waits on its unique index until this transaction ends, then replays
+-- what it saved (or does the work itself if this one rolled back).
+create or replace function order_create(p_client text, p_key text,
+    p_fingerprint text, p_customer text, p_amount bigint, p_currency text,
+    p_comment text)
+returns table (outcome text, status_code int, response text)
+language plpgsql as $$
+declare
+	v_order		bigint;
+	v_points	bigint := p_amount / 100;
+	v_response	text;
+begin
+	insert into idempotency_keys (client_id, idem_key, operation,
+	    fingerprint, status)
+	values (p_client, p_key, 'orders.create', p_fingerprint, 'in_progress')
+	on conflict do nothing;
+
+	if not found then
+		return query select * from idempotency_replay(p_client, p_key,
+		    'orders.create', p_fingerprint);
+		return;
+	end if;
+
+	insert into orders (client_id, customer_id, amount, currency, comment,
+	    bonus_points, idem_key)
+	values (p_client, p_customer, p_amount, p_currency, p_comment,
+	    v_points, p_key)
+	returning order_id into v_order;
+
+	if v_points > 0 then
+		perform bonus_post(p_client, p_customer, v_points,
+		    'order ' || v_order, v_order, p_key);
+	end if;
+
+	v_response := format('{"order_id":%s,"customer_id":%s,"amount":%s,'
+	    '"currency":%s,"bonus_points":%s}', v_order, to_json(p_customer),
+	    p_amount, to_json(p_currency), v_points);
+
+	perform idempotency_finish(p_client, p_key, 201, v_response);
+
+	return query select 'created'::text, 201, v_response;
+end;
+$$;
+
+comment on function order_create(text, text, text, text, bigint, text, text) is
+    'Creates an order and accrues floor(amount / 100) bonus points in the '
+    'transaction that takes the Idempotency-Key. Returns created, replayed '
+    'or mismatch with the status and body to answer.';
+
+-- POST /v1/bonuses. An insufficient balance is the operation's outcome:
+-- saved as a 422 problem and replayed, with no ledger row.
+create or replace function bonus_apply(p_client text, p_key text,
+    p_fingerprint text, p_customer text, p_points bigint, p_reason text,
+    p_problem_type text, p_problem_title text)
+returns table (outcome text, status_code int, response text)
+language plpgsql as $$
+declare
+	v_entry		bigint;
+	v_balance	bigint;
+	v_status	int := 201;
+	v_response	text;
+begin
+	insert into idempotency_keys (client_id, idem_key, operation,
+	    fingerprint, status)
+	values (p_client, p_key, 'bonuses.apply', p_fingerprint, 'in_progress')
+	on conflict do nothing;
+
+	if not found then
+		return query select * from idempotency_replay(p_client, p_key,
+		    'bonuses.apply', p_fingerprint);
+		return;
+	end if;
+
+	select b.entry_id, b.balance into v_entry, v_balance
+	  from bonus_post(p_client, p_customer, p_points, p_reason, null,
+	    p_key) b;
+
+	if v_entry is null then
+		select coalesce(max(a.balance), 0) into v_balance
+		  from bonus_accounts a
+		 where a.client_id = p_client and a.customer_id = p_customer;
+		v_status := 422;
+		v_response := format('{"type":%s,"title":%s,"status":422,'
+		    '"detail":%s,"balance":%s}', to_json(p_problem_type),
+		    to_json(p_problem_title), to_json(format('customer %s has %s '
+		    'points and cannot redeem %s', p_customer, v_balance,
+		    -p_points)), v_balance);
+	else
+		v_response := format('{"entry_id":%s,"customer_id":%s,'
+		    '"points":%s,"balance":%s}', v_entry, to_json(p_customer),
+		    p_points, v_balance);
+	end if;
+
+	perform idempotency_finish(p_client, p_key, v_status, v_response);
+
+	return query select 'created'::text, v_status, v_response;
+end;
+$$;
+
+comment on function bonus_apply(text, text, text, text, bigint, text, text,
+    text) is
+    'Accrues or redeems bonus points in the transaction that takes the '
+    'Idempotency-Key; an insufficient balance is saved as a 422 problem.';
+
+create or replace function order_json(o orders)
+returns text
+language sql stable as $$
+	select format('{"order_id":%s,"customer_id":%s,"amount":%s,'
+	    '"currency":%s,"comment":%s,"bonus_points":%s,"created_at":%s}',
+	    o.order_id, to_json(o.customer_id), o.amount, to_json(o.currency),
+	    coalesce(to_json(o.comment)::text, 'null'), o.bonus_points,
+	    to_json(o.created_at));
+$$;
+
+comment on function order_json(orders) is 'An order as the API shows it.';
+
+-- GET /v1/orders?customer_id=X: the client's newest 100 orders.
+create or replace function order_list(p_client text, p_customer text)
+returns text
+language sql stable as $$
+	select '{"orders":[' ||
+	       coalesce(string_agg(order_json(o), ',' order by o.order_id), '') ||
+	       ']}'
+	  from (select * from orders
+		 where client_id = p_client and customer_id = p_customer
+		 order by order_id desc limit 100) o;
+$$;
+
+comment on function order_list(text, text) is
+    'The response of GET /v1/orders: a client''s latest 100 orders of one '
+    'customer, oldest first.';
+
+create or replace function bonus_balance(p_client text, p_customer text)
+returns text
+language sql stable as $$
+	select format('{"customer_id":%s,"balance":%s}', to_json(p_customer),
+	       coalesce((select balance from bonus_accounts
+			  where client_id = p_client
+			    and customer_id = p_customer), 0));
+$$;
+
+comment on function bonus_balance(text, text) is
+    'The response of GET /v1/bonuses/{customer_id}; 0 for an unknown one.';

@@ -1,0 +1,108 @@
+/*
+ * Start-up of the two processes built from this module: the API
+ * (kore.conf, server "api") and the fake payment provider
+ * (conf/provider.conf, server "provider").
+ */
+
+#include <sys/types.h>
+
+#include <stdio.h>
+
+#include <kore/kore.h>
+#include <kore/http.h>
+#include <kore/seccomp.h>
+
+#include "auth.h"
+#include "db.h"
+#include "metrics.h"
+#include "problem.h"
+#include "routes.h"
+#include "settings.h"
+
+/*
+ * Syscalls beyond Kore's own filters: libpq's stat() of ~/.pgpass and its
+ * GSSAPI probe, and libcurl's getpeername().
+ */
+KORE_SECCOMP_FILTER("app",
+	KORE_SYSCALL_ALLOW(newfstatat),
+	KORE_SYSCALL_ALLOW(getdents64),
+	KORE_SYSCALL_ALLOW(clone3),
+	KORE_SYSCALL_ALLOW(rseq),
+	KORE_SYSCALL_ALLOW(getpeername),
+);
+
+int	api_init(int);
+void	kore_parent_configure(int, char **);
+
+static void	bind_server(const char *, const char *);
+static void	add_route(const char *, const char *, const char *, int);
+
+void
+kore_parent_configure(int argc, char **argv)
+{
+	/* Line by line into a pipe too, and not again in every worker. */
+	fflush(stdout);
+	setvbuf(stdout, NULL, _IOLBF, 0);
+
+	settings_load();
+	metrics_init();
+
+	if (kore_server_lookup("api") != NULL) {
+		bind_server("api", settings.port);
+		add_route("api", "^/", "not_found", HANDLER_TYPE_DYNAMIC);
+	} else if (kore_server_lookup("provider") != NULL) {
+		bind_server("provider", settings.provider_port);
+	} else {
+		fatal("the configuration has neither an api nor a provider "
+		    "server block");
+	}
+}
+
+int
+api_init(int state)
+{
+	if (state == KORE_MODULE_UNLOAD)
+		return (KORE_RESULT_OK);
+
+	db_register();
+	auth_init();
+
+	return (KORE_RESULT_OK);
+}
+
+int
+not_found(struct http_request *req)
+{
+	return (problem_not_found(req));
+}
+
+static void
+bind_server(const char *name, const char *port)
+{
+	struct kore_server	*srv;
+
+	srv = kore_server_lookup(name);
+	if (!kore_server_bind(srv, settings.host, port, NULL))
+		fatal("cannot listen on %s:%s", settings.host, port);
+
+	kore_log(LOG_NOTICE, "%s listening on http://%s:%s", name,
+	    settings.host, port);
+}
+
+/*
+ * Routes added after kore.conf's own, so after the ones it lists.
+ */
+static void
+add_route(const char *server, const char *path, const char *handler,
+    int type)
+{
+	struct kore_server	*srv;
+	struct kore_domain	*dom;
+
+	if ((srv = kore_server_lookup(server)) == NULL ||
+	    (dom = kore_domain_lookup(srv, "*")) == NULL)
+		fatal("no domain * in server %s", server);
+
+	if (!kore_module_handler_new(dom, path, handler, NULL, type))
+		fatal("cannot route %s to %s", path, handler);
+}

@@ -1,0 +1,214 @@
+/*
+ * Bearer authentication against the clients table.
+ */
+
+#include <sys/types.h>
+#include <sys/queue.h>
+
+#include <openssl/evp.h>
+
+#include <string.h>
+#include <strings.h>
+
+#include "auth.h"
+#include "settings.h"
+
+/* The digest is uniform, so its first byte picks a bucket. */
+#define AUTH_BUCKETS		256
+#define AUTH_CACHE_MAX		4096
+
+#define AUTH_LOOKUP_SQL							\
+	"SELECT client_id FROM clients WHERE token_sha256 = $1"
+
+struct auth_entry {
+	char			token_sha256[65];
+	char			client_id[AUTH_CLIENT_ID_MAX + 1];
+	u_int64_t		expires;
+	TAILQ_ENTRY(auth_entry)	list;
+};
+
+TAILQ_HEAD(auth_bucket, auth_entry);
+
+static int	token_hash(struct http_request *, char *);
+static int	cache_bucket(const char *);
+static int	cache_find(const char *, char *);
+static void	cache_add(const char *, const char *);
+static void	cache_flush(void);
+
+static struct auth_bucket	cache[AUTH_BUCKETS];
+static size_t			cache_count = 0;
+
+void
+auth_init(void)
+{
+	int		i;
+
+	for (i = 0; i < AUTH_BUCKETS; i++)
+		TAILQ_INIT(&cache[i]);
+}
+
+/*
+ * Resolves the request's bearer token to a client id, from the cache or
+ * with one query.
+ */
+int
+auth_step(struct http_request *req, struct auth_lookup *a, char *client_id)
+{
+	const char	*params[1];
+	int		r;
+
+	if (!a->querying) {
+		if (!token_hash(req, a->token_sha256))
+			return (AUTH_DENIED);
+		if (cache_find(a->token_sha256, client_id))
+			return (AUTH_OK);
+		db_call_init(&a->db, req);
+		a->querying = 1;
+	}
+
+	params[0] = a->token_sha256;
+	r = db_call_step(&a->db, AUTH_LOOKUP_SQL, 1, params);
+
+	switch (r) {
+	case DB_CALL_PENDING:
+		return (AUTH_PENDING);
+	case DB_CALL_FAILED:
+		return (AUTH_FAILED);
+	default:
+		break;
+	}
+
+	if (db_call_rows(&a->db) != 1 ||
+	    db_call_length(&a->db, 0) > AUTH_CLIENT_ID_MAX) {
+		auth_cleanup(a);
+		return (AUTH_DENIED);
+	}
+
+	(void)kore_strlcpy(client_id, db_call_value(&a->db, 0),
+	    AUTH_CLIENT_ID_MAX + 1);
+	cache_add(a->token_sha256, client_id);
+	auth_cleanup(a);
+
+	return (AUTH_OK);
+}
+
+void
+auth_cleanup(struct auth_lookup *a)
+{
+	if (a->querying) {
+		db_call_cleanup(&a->db);
+		a->querying = 0;
+	}
+}
+
+void
+sha256_hex(const void *data, size_t len, char *out)
+{
+	u_int8_t	digest[32];
+	unsigned int	i, dlen;
+	static const char	hex[] = "0123456789abcdef";
+
+	if (!EVP_Digest(data, len, digest, &dlen, EVP_sha256(), NULL))
+		fatal("%s: EVP_Digest failed", __func__);
+
+	for (i = 0; i < dlen; i++) {
+		out[i * 2] = hex[digest[i] >> 4];
+		out[i * 2 + 1] = hex[digest[i] & 0x0f];
+	}
+	out[dlen * 2] = '\0';
+}
+
+static int
+token_hash(struct http_request *req, char *out)
+{
+	const char	*header, *token;
+
+	if (!http_request_header(req, "authorization", &header))
+		return (KORE_RESULT_ERROR);
+
+	if (strncasecmp(header, "bearer ", 7))
+		return (KORE_RESULT_ERROR);
+
+	token = header + 7;
+	while (*token == ' ')
+		token++;
+
+	if (*token == '\0')
+		return (KORE_RESULT_ERROR);
+
+	sha256_hex(token, strlen(token), out);
+
+	return (KORE_RESULT_OK);
+}
+
+static int
+cache_bucket(const char *hash)
+{
+	static const char	hex[] = "0123456789abcdef";
+
+	return ((int)((strchr(hex, hash[0]) - hex) * 16 +
+	    (strchr(hex, hash[1]) - hex)));
+}
+
+static int
+cache_find(const char *hash, char *client_id)
+{
+	struct auth_entry	*e;
+	struct auth_bucket	*b;
+
+	b = &cache[cache_bucket(hash)];
+	TAILQ_FOREACH(e, b, list) {
+		if (strcmp(e->token_sha256, hash))
+			continue;
+
+		if (e->expires <= kore_time_ms()) {
+			TAILQ_REMOVE(b, e, list);
+			kore_free(e);
+			cache_count--;
+			return (KORE_RESULT_ERROR);
+		}
+
+		(void)kore_strlcpy(client_id, e->client_id,
+		    AUTH_CLIENT_ID_MAX + 1);
+		return (KORE_RESULT_OK);
+	}
+
+	return (KORE_RESULT_ERROR);
+}
+
+static void
+cache_add(const char *hash, const char *client_id)
+{
+	struct auth_entry	*e;
+
+	if (settings.auth_cache_seconds == 0)
+		return;
+
+	if (cache_count >= AUTH_CACHE_MAX)
+		cache_flush();
+
+	e = kore_calloc(1, sizeof(*e));
+	(void)kore_strlcpy(e->token_sha256, hash, sizeof(e->token_sha256));
+	(void)kore_strlcpy(e->client_id, client_id, sizeof(e->client_id));
+	e->expires = kore_time_ms() +
+	    (u_int64_t)settings.auth_cache_seconds * 1000;
+
+	TAILQ_INSERT_HEAD(&cache[cache_bucket(hash)], e, list);
+	cache_count++;
+}
+
+static void
+cache_flush(void)
+{
+	struct auth_entry	*e;
+	int			i;
+
+	for (i = 0; i < AUTH_BUCKETS; i++) {
+		while ((e = TAILQ_FIRST(&cache[i])) != NULL) {
+			TAILQ_REMOVE(&cache[i], e, list);
+			kore_free(e);
+		}
+	}
+
+	cache_count = 0;
+}

@@ -1,0 +1,145 @@
+/*
+ * POST /v1/bonuses and GET /v1/bonuses/{customer_id}: the transactional
+ * strategy for bonus points. An insufficient balance is an outcome that
+ * bonus_apply() saves and replays, not a validation error.
+ */
+
+#include <sys/types.h>
+
+#include <string.h>
+
+#include <kore/kore.h>
+#include <kore/http.h>
+
+#include "idem.h"
+#include "metrics.h"
+#include "problem.h"
+#include "routes.h"
+
+#define BONUS_APPLY_SQL							\
+	"SELECT outcome, status_code, response FROM "			\
+	"bonus_apply($1, $2, $3, $4, $5::bigint, $6, $7, $8)"
+
+#define BONUS_BALANCE_SQL	"SELECT bonus_balance($1, $2)"
+#define BONUS_PATH_PREFIX	"/v1/bonuses/"
+
+static int	bonus_apply_execute(struct http_request *);
+static int	bonus_balance_execute(struct http_request *);
+static int	customer_id_valid(const char *);
+
+static const struct idem_field	bonus_fields[] = {
+	{ "customer_id",	FIELD_ID,	1, 1 },
+	{ "points",		FIELD_POINTS,	1, 1 },
+	{ "reason",		FIELD_TEXT,	1, 1 },
+};
+
+static const struct idem_operation	bonus_operation = {
+	"bonuses.apply", ROUTE_BONUSES_APPLY, bonus_fields,
+	sizeof(bonus_fields) / sizeof(bonus_fields[0])
+};
+
+static struct http_state	apply_states[] = {
+	KORE_HTTP_STATE(idem_authenticate),
+	KORE_HTTP_STATE(idem_admit),
+	KORE_HTTP_STATE(bonus_apply_execute),
+	KORE_HTTP_STATE(idem_respond_outcome),
+};
+
+static struct http_state	balance_states[] = {
+	KORE_HTTP_STATE(idem_authenticate),
+	KORE_HTTP_STATE(bonus_balance_execute),
+	KORE_HTTP_STATE(idem_respond_read),
+};
+
+int
+bonuses(struct http_request *req)
+{
+	(void)idem_request(req, ROUTE_BONUSES_APPLY, &bonus_operation);
+
+	if (!idem_method(req, HTTP_METHOD_POST, "POST"))
+		return (KORE_RESULT_OK);
+
+	return (http_state_run(apply_states, ROUTE_STATES(apply_states), req));
+}
+
+int
+bonus_balance(struct http_request *req)
+{
+	(void)idem_request(req, ROUTE_BONUSES_GET, NULL);
+
+	if (!idem_method(req, HTTP_METHOD_GET, "GET"))
+		return (KORE_RESULT_OK);
+
+	return (http_state_run(balance_states, ROUTE_STATES(balance_states),
+	    req));
+}
+
+/*
+ * Validator of the customer_id query parameter (see kore.conf).
+ */
+int
+v_customer_id(struct http_request *req, const void *data)
+{
+	return (customer_id_valid(data));
+}
+
+static int
+bonus_apply_execute(struct http_request *req)
+{
+	struct idem_request	*r = http_state_get(req);
+	const char		*params[8];
+	char			type[512];
+
+	problem_type_url(PROBLEM_INSUFFICIENT_BALANCE, type, sizeof(type));
+
+	params[0] = r->client_id;
+	params[1] = r->key;
+	params[2] = r->fingerprint;
+	params[3] = r->values[0];
+	params[4] = r->values[1];
+	params[5] = r->values[2];
+	params[6] = type;
+	params[7] = problem_title(PROBLEM_INSUFFICIENT_BALANCE);
+
+	return (idem_execute(req, BONUS_APPLY_SQL, 8, params));
+}
+
+static int
+bonus_balance_execute(struct http_request *req)
+{
+	struct idem_request	*r = http_state_get(req);
+	const char		*params[2];
+
+	if (!r->db_active) {
+		r->extra = kore_strdup(req->path + strlen(BONUS_PATH_PREFIX));
+		r->extra_free = kore_free;
+		if (!http_argument_urldecode(r->extra) ||
+		    !customer_id_valid(r->extra)) {
+			return (idem_fail(req, PROBLEM_INVALID_REQUEST,
+			    "the customer id in the path must be 1 to 128 "
+			    "bytes without control characters"));
+		}
+	}
+
+	params[0] = r->client_id;
+	params[1] = r->extra;
+
+	return (idem_execute(req, BONUS_BALANCE_SQL, 2, params));
+}
+
+static int
+customer_id_valid(const char *id)
+{
+	size_t		i, len;
+
+	len = strlen(id);
+	if (len < 1 || len > IDEM_ID_MAX)
+		return (KORE_RESULT_ERROR);
+
+	for (i = 0; i < len; i++) {
+		if ((u_int8_t)id[i] < 0x20 || id[i] == 0x7f)
+			return (KORE_RESULT_ERROR);
+	}
+
+	return (KORE_RESULT_OK);
+}

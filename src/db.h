@@ -1,0 +1,46 @@
+/*
+ * One asynchronous call of a SQL function on behalf of a request: take a
+ * pooled connection, send the query with bound parameters, and keep its
+ * single result row once PostgreSQL has committed.
+ */
+
+#ifndef __H_DB_H
+#define __H_DB_H
+
+#include <kore/kore.h>
+#include <kore/http.h>
+#include <kore/pgsql.h>
+
+#define DB_NAME			"db"
+
+#define DB_CALL_PENDING		1
+#define DB_CALL_DONE		2
+#define DB_CALL_FAILED		3
+
+/* How a failed call failed. */
+#define DB_ERROR_UNAVAILABLE	1
+#define DB_ERROR_QUERY		2
+
+#define DB_PARAMS_MAX		12
+
+struct db_call {
+	struct kore_pgsql	sql;
+	PGresult		*result;
+	int			phase;
+	int			error;
+	char			sqlstate[6];
+};
+
+void		db_register(void);
+void		db_call_init(struct db_call *, struct http_request *);
+void		db_call_init_callback(struct db_call *,
+		    void (*)(struct kore_pgsql *, void *), void *);
+void		db_call_cleanup(struct db_call *);
+int		db_call_step(struct db_call *, const char *, int,
+		    const char **);
+const char	*db_call_value(struct db_call *, int);
+int		db_call_length(struct db_call *, int);
+int		db_call_isnull(struct db_call *, int);
+int		db_call_rows(struct db_call *);
+
+#endif

@@ -1,0 +1,148 @@
+/*
+ * Every setting, its environment variable and its default live here, and
+ * are checked before the workers start: a bad value stops the service with
+ * a message that names the variable.
+ */
+
+#include <sys/types.h>
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <kore/kore.h>
+
+#include "settings.h"
+
+#define EMBEDDED_DATABASE_URL						\
+	"host=127.0.0.1 port=54329 dbname=idem user=idem "		\
+	"sslmode=disable gssencmode=disable connect_timeout=3"
+
+struct number_setting {
+	const char	*name;
+	u_int32_t	*value;
+	u_int32_t	def;
+	u_int32_t	min;
+	u_int32_t	max;
+};
+
+struct text_setting {
+	const char	*name;
+	char		**value;
+	const char	*def;
+};
+
+struct settings		settings;
+
+static void	load_number(const struct number_setting *);
+static void	load_text(const struct text_setting *);
+static void	check_port(const char *, const char *);
+
+static const struct number_setting	numbers[] = {
+	{ "IDEM_PROVIDER_TIMEOUT_MS", &settings.provider_timeout_ms,
+	    10000, 1, 600000 },
+	{ "IDEM_PROVIDER_LATENCY_MS", &settings.provider_latency_ms,
+	    300, 0, 600000 },
+	{ "IDEM_LEASE_SECONDS", &settings.lease_seconds, 30, 1, 86400 },
+	{ "IDEM_RETENTION_SECONDS", &settings.retention_seconds,
+	    86400, 1, 31 * 86400 },
+	{ "IDEM_CLEANUP_INTERVAL_SECONDS", &settings.cleanup_interval_seconds,
+	    60, 1, 86400 },
+	{ "IDEM_CLEANUP_BATCH", &settings.cleanup_batch, 500, 1, 100000 },
+	{ "IDEM_RECOVERY_AFTER_SECONDS", &settings.recovery_after_seconds,
+	    300, 1, 7 * 86400 },
+	{ "IDEM_AUTH_CACHE_SECONDS", &settings.auth_cache_seconds,
+	    60, 0, 3600 },
+};
+
+static const struct text_setting	texts[] = {
+	{ "IDEM_DATABASE_URL", &settings.database_url, EMBEDDED_DATABASE_URL },
+	{ "IDEM_HOST", &settings.host, "127.0.0.1" },
+	{ "IDEM_PORT", &settings.port, "8888" },
+	{ "IDEM_PROVIDER_PORT", &settings.provider_port, "8889" },
+	{ "IDEM_PROVIDER_URL", &settings.provider_url, "http://127.0.0.1:8889" },
+	{ "IDEM_PUBLIC_URL", &settings.public_url, NULL },
+};
+
+void
+settings_load(void)
+{
+	size_t		i;
+	char		url[256];
+
+	for (i = 0; i < sizeof(numbers) / sizeof(numbers[0]); i++)
+		load_number(&numbers[i]);
+
+	for (i = 0; i < sizeof(texts) / sizeof(texts[0]); i++)
+		load_text(&texts[i]);
+
+	check_port("IDEM_PORT", settings.port);
+	check_port("IDEM_PROVIDER_PORT", settings.provider_port);
+
+	if (settings.public_url == NULL) {
+		(void)snprintf(url, sizeof(url), "http://127.0.0.1:%s",
+		    settings.port);
+		settings.public_url = kore_strdup(url);
+	}
+
+	/*
+	 * A lease that ends while its holder still waits for the provider
+	 * lets a retry take the key and call the provider a second time.
+	 */
+	if ((u_int64_t)settings.lease_seconds * 1000 <=
+	    settings.provider_timeout_ms) {
+		fatal("IDEM_LEASE_SECONDS (%u s) must outlast "
+		    "IDEM_PROVIDER_TIMEOUT_MS (%u ms): raise the lease or "
+		    "lower the provider timeout", settings.lease_seconds,
+		    settings.provider_timeout_ms);
+	}
+}
+
+static void
+load_number(const struct number_setting *s)
+{
+	const char		*env;
+	char			*end;
+	unsigned long long	n;
+
+	if ((env = getenv(s->name)) == NULL || *env == '\0') {
+		*s->value = s->def;
+		return;
+	}
+
+	errno = 0;
+	n = strtoull(env, &end, 10);
+	if (errno != 0 || *end != '\0' || env[0] == '-' ||
+	    n < s->min || n > s->max) {
+		fatal("%s=%s: expected a whole number from %u to %u",
+		    s->name, env, s->min, s->max);
+	}
+
+	*s->value = (u_int32_t)n;
+}
+
+static void
+load_text(const struct text_setting *s)
+{
+	const char	*env;
+
+	if ((env = getenv(s->name)) != NULL && *env != '\0')
+		*s->value = kore_strdup(env);
+	else if (s->def != NULL)
+		*s->value = kore_strdup(s->def);
+	else
+		*s->value = NULL;
+}
+
+static void
+check_port(const char *name, const char *value)
+{
+	char		*end;
+	long		port;
+
+	errno = 0;
+	port = strtol(value, &end, 10);
+	if (errno != 0 || *end != '\0' || port < 1 || port > 65535)
+		fatal("%s=%s: expected a TCP port from 1 to 65535", name, value);
+}

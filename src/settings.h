@@ -1,0 +1,31 @@
+/*
+ * Settings of the service, read from the environment once at start.
+ */
+
+#ifndef __H_SETTINGS_H
+#define __H_SETTINGS_H
+
+#include <sys/types.h>
+
+struct settings {
+	char		*database_url;
+	char		*host;
+	char		*port;
+	char		*provider_port;
+	char		*provider_url;
+	char		*public_url;
+	u_int32_t	provider_timeout_ms;
+	u_int32_t	provider_latency_ms;
+	u_int32_t	lease_seconds;
+	u_int32_t	retention_seconds;
+	u_int32_t	cleanup_interval_seconds;
+	u_int32_t	cleanup_batch;
+	u_int32_t	recovery_after_seconds;
+	u_int32_t	auth_cache_seconds;
+};
+
+extern struct settings	settings;
+
+void	settings_load(void);
+
+#endif
