@@ -49,6 +49,10 @@ kore_parent_configure(int argc, char **argv)
 
 	if (kore_server_lookup("api") != NULL) {
 		bind_server("api", settings.port);
+#if defined(DEV_ROUTES)
+		add_route("api", "/dev/canonical-json", "dev_canonical_json",
+		    HANDLER_TYPE_STATIC);
+#endif
 		add_route("api", "^/", "not_found", HANDLER_TYPE_DYNAMIC);
 	} else if (kore_server_lookup("provider") != NULL) {
 		bind_server("provider", settings.provider_port);

@@ -194,7 +194,9 @@ call_fail(struct db_call *c)
 
 /*
  * Kore returns a connection whose backend died to its pool, where every
- * later query on it would fail. Reconnect it before use instead.
+ * later query on it would fail. Reading what the server sent to the idle
+ * connection (libpq's socket does not block) notices a backend that was
+ * terminated or restarted; such a connection is reconnected before use.
  */
 static void
 call_check_connection(struct db_call *c)
@@ -202,7 +204,8 @@ call_check_connection(struct db_call *c)
 	PGconn		*conn;
 
 	conn = c->sql.conn->db;
-	if (PQstatus(conn) == CONNECTION_OK)
+	if (PQstatus(conn) == CONNECTION_OK && PQconsumeInput(conn) &&
+	    PQstatus(conn) == CONNECTION_OK)
 		return;
 
 	kore_log(LOG_NOTICE, "reconnecting a broken database connection");

@@ -18,4 +18,8 @@ int	healthz(struct http_request *);
 int	not_found(struct http_request *);
 int	v_customer_id(struct http_request *, const void *);
 
+#if defined(DEV_ROUTES)
+int	dev_canonical_json(struct http_request *);
+#endif
+
 #endif

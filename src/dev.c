@@ -1,0 +1,55 @@
+/*
+ * Development-only routes (the dev flavor defines DEV_ROUTES; a prod build
+ * has none of them and answers 404).
+ */
+
+#include <sys/types.h>
+
+#include <kore/kore.h>
+#include <kore/http.h>
+
+#include "json.h"
+#include "problem.h"
+#include "routes.h"
+
+#if defined(DEV_ROUTES)
+
+/*
+ * POST /dev/canonical-json: the canonical form of any JSON body, so that
+ * tests can compare it with Python's json.dumps over generated documents.
+ */
+int
+dev_canonical_json(struct http_request *req)
+{
+	struct json_value	*v;
+	struct kore_buf		in, out;
+	ssize_t			n;
+	u_int8_t		chunk[4096];
+	char			err[JSON_ERROR_LEN];
+
+	kore_buf_init(&in, 1024);
+	if (req->http_body != NULL) {
+		while ((n = http_body_read(req, chunk, sizeof(chunk))) > 0)
+			kore_buf_append(&in, chunk, n);
+	}
+
+	v = json_parse(in.data, in.offset, err, sizeof(err));
+	kore_buf_cleanup(&in);
+
+	if (v == NULL) {
+		problem_respond(req, PROBLEM_INVALID_JSON, "%s", err);
+		return (KORE_RESULT_OK);
+	}
+
+	kore_buf_init(&out, 1024);
+	json_canonical(&out, v);
+	json_free(v);
+
+	http_response_header(req, "content-type", JSON_CONTENT_TYPE);
+	http_response(req, HTTP_STATUS_OK, out.data, out.offset);
+	kore_buf_cleanup(&out);
+
+	return (KORE_RESULT_OK);
+}
+
+#endif

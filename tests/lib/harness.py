@@ -1,0 +1,363 @@
+"""What the HTTP tests are made of: TAP output, the real API and fake
+provider processes (kore, started and killed with real signals), HTTP over
+loopback, and psql against the throwaway database of `make test`.
+
+Only the Python standard library is used.
+"""
+
+import hashlib
+import http.client
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import uuid
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+DB_URL = os.environ.get("IDEM_TEST_DATABASE_URL", "")
+TMP = os.environ.get("IDEM_TEST_TMP", "/tmp")
+TOKENS = {"shop-1": "dev-shop-1", "shop-2": "dev-shop-2"}
+WAIT_SECONDS = 20
+
+
+# --- TAP --------------------------------------------------------------------
+
+class Tap:
+    """Test Anything Protocol output; the plan is printed at the end."""
+
+    def __init__(self):
+        self.count = 0
+        self.failed = 0
+        if not DB_URL:
+            print("Bail out! IDEM_TEST_DATABASE_URL is not set: run make test")
+            sys.exit(255)
+
+    def ok(self, cond, name, diag=None):
+        self.count += 1
+        if cond:
+            print(f"ok {self.count} - {name}")
+        else:
+            self.failed += 1
+            print(f"not ok {self.count} - {name}")
+            if diag is not None:
+                for line in str(diag).splitlines():
+                    print(f"#   {line}")
+        sys.stdout.flush()
+        return cond
+
+    def eq(self, got, want, name):
+        return self.ok(got == want, name, f"got:  {got!r}\nwant: {want!r}")
+
+    def note(self, text):
+        for line in str(text).splitlines():
+            print(f"# {line}")
+        sys.stdout.flush()
+
+    def done(self):
+        print(f"1..{self.count}")
+        sys.stdout.flush()
+        sys.exit(1 if self.failed else 0)
+
+
+def wait_until(cond, what, timeout=WAIT_SECONDS, interval=0.01):
+    """Polls cond() until it is truthy; raises if it never becomes so."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = cond()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(interval)
+
+
+def fingerprint(fields):
+    """The contract's fingerprint, computed the way a client would."""
+    canon = json.dumps(fields, sort_keys=True, separators=(",", ":"),
+                       ensure_ascii=False)
+    return hashlib.sha256(canon.encode()).hexdigest()
+
+
+def new_key(prefix="k"):
+    return f"{prefix}-{uuid.uuid4()}"
+
+
+# --- HTTP -------------------------------------------------------------------
+
+class Response:
+    def __init__(self, status, headers, body):
+        self.status = status
+        self.headers = headers
+        self.body = body
+
+    def json(self):
+        return json.loads(self.body)
+
+    @property
+    def replayed(self):
+        return self.headers.get("idempotent-replayed") == "true"
+
+    def __repr__(self):
+        return f"<{self.status} {self.body[:300]!r}>"
+
+
+def request(port, method, path, body=None, headers=None, timeout=60):
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
+    try:
+        conn.request(method, path, body=body, headers=headers or {})
+        resp = conn.getresponse()
+        data = resp.read()
+        hdrs = {k.lower(): v for k, v in resp.getheaders()}
+        return Response(resp.status, hdrs, data)
+    finally:
+        conn.close()
+
+
+def post(port, path, body, key=None, client="shop-1", token=None,
+         content_type="application/json", headers=None, timeout=60):
+    """POSTs body (a dict is sent as JSON) with the client's token."""
+    hdrs = {}
+    if token is None:
+        token = TOKENS[client]
+    if token is not False:
+        hdrs["Authorization"] = f"Bearer {token}"
+    if key is not None:
+        hdrs["Idempotency-Key"] = key
+    if content_type is not None:
+        hdrs["Content-Type"] = content_type
+    hdrs.update(headers or {})
+    if isinstance(body, (dict, list)):
+        body = json.dumps(body).encode()
+    elif isinstance(body, str):
+        body = body.encode()
+    return request(port, "POST", path, body, hdrs, timeout)
+
+
+def get(port, path, client="shop-1", timeout=60):
+    return request(port, "GET", path, None,
+                   {"Authorization": f"Bearer {TOKENS[client]}"}, timeout)
+
+
+class Background:
+    """A request running in a thread; done() tells if it has answered."""
+
+    def __init__(self, fn, *args, **kwargs):
+        self.result = None
+        self.error = None
+        self._thread = threading.Thread(target=self._run, args=(fn, args, kwargs),
+                                        daemon=True)
+        self._thread.start()
+
+    def _run(self, fn, args, kwargs):
+        try:
+            self.result = fn(*args, **kwargs)
+        except Exception as e:  # reported by wait()
+            self.error = e
+
+    def done(self):
+        return not self._thread.is_alive()
+
+    def wait(self, timeout=WAIT_SECONDS):
+        self._thread.join(timeout)
+        if self._thread.is_alive():
+            raise TimeoutError("request did not answer")
+        if self.error is not None:
+            raise self.error
+        return self.result
+
+
+def concurrently(n, fn, *args, **kwargs):
+    """Runs fn n times at once (released together by a barrier)."""
+    barrier = threading.Barrier(n)
+
+    def go():
+        barrier.wait()
+        return fn(*args, **kwargs)
+
+    jobs = [Background(go) for _ in range(n)]
+    return [j.wait(60) for j in jobs]
+
+
+# --- PostgreSQL -------------------------------------------------------------
+
+def sql(query):
+    """Runs query with psql; returns the rows as lists of strings."""
+    out = subprocess.run(
+        ["psql", DB_URL, "-X", "-A", "-t", "-q", "-v", "ON_ERROR_STOP=1",
+         "-F", "\x1f", "-c", query],
+        check=True, capture_output=True, text=True).stdout
+    return [line.split("\x1f") for line in out.splitlines() if line != ""]
+
+
+def sql_value(query):
+    rows = sql(query)
+    return rows[0][0] if rows else None
+
+
+def quote(s):
+    return "'" + str(s).replace("'", "''") + "'"
+
+
+class PsqlSession:
+    """An open psql session, to hold a transaction while a test acts."""
+
+    def __init__(self):
+        self.proc = subprocess.Popen(
+            ["psql", DB_URL, "-X", "-A", "-t", "-q", "-v", "ON_ERROR_STOP=1"],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT, text=True, bufsize=1)
+
+    def run(self, statements):
+        marker = f"__done_{uuid.uuid4().hex}__"
+        self.proc.stdin.write(f"{statements}\nselect '{marker}';\n")
+        self.proc.stdin.flush()
+        lines = []
+        while True:
+            line = self.proc.stdout.readline()
+            if line == "":
+                raise RuntimeError("psql session ended: " + "".join(lines))
+            if line.strip() == marker:
+                return lines
+            lines.append(line.rstrip("\n"))
+
+    def backend_pid(self):
+        return int(self.run("select pg_backend_pid();")[0])
+
+    def close(self):
+        try:
+            self.proc.stdin.close()
+        except BrokenPipeError:
+            pass
+        self.proc.wait(10)
+
+
+def waiting_backends(query_like):
+    """Backends blocked on a lock while running a query like query_like."""
+    return int(sql_value(
+        "select count(*) from pg_stat_activity where wait_event_type = 'Lock'"
+        f" and query like {quote(query_like)}"))
+
+
+# --- processes --------------------------------------------------------------
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Kore:
+    """A kore process (the API or the fake provider) with its workers."""
+
+    def __init__(self, conf, name, env):
+        self.name = name
+        self.env = dict(os.environ)
+        self.env.update({k: str(v) for k, v in env.items()})
+        self.env["IDEM_DATABASE_URL"] = DB_URL
+        self.conf = os.path.join(TMP, f"{name}.conf")
+        self.logpath = os.path.join(TMP, f"{name}.log")
+        with open(os.path.join(ROOT, conf)) as f:
+            text = f.read()
+        text = text.replace("load ./app.so", f"load {ROOT}/app.so")
+        lines = [l for l in text.splitlines() if not l.startswith("pidfile")]
+        lines.append(f"pidfile {TMP}/{name}.pid")
+        with open(self.conf, "w") as f:
+            f.write("\n".join(lines) + "\n")
+        self.proc = None
+
+    def start(self, ready):
+        self.log = open(self.logpath, "a")
+        self.proc = subprocess.Popen(["kore", "-fnrc", self.conf], cwd=ROOT,
+                                     env=self.env, stdout=self.log,
+                                     stderr=subprocess.STDOUT)
+        wait_until(lambda: self._ready(ready), f"{self.name} to answer")
+        return self
+
+    def _ready(self, ready):
+        if self.proc.poll() is not None:
+            raise RuntimeError(f"{self.name} exited: {self.read_log()}")
+        try:
+            return ready()
+        except OSError:
+            return False
+
+    def workers(self):
+        path = f"/proc/{self.proc.pid}/task/{self.proc.pid}/children"
+        try:
+            with open(path) as f:
+                return [int(p) for p in f.read().split()]
+        except FileNotFoundError:
+            return []
+
+    def kill9(self):
+        """SIGKILL to the parent and every worker, as a crash would."""
+        for pid in [self.proc.pid] + self.workers():
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        self.proc.wait(10)
+        wait_until(lambda: not self._any_worker_alive(),
+                   f"{self.name} workers to die")
+
+    def _any_worker_alive(self):
+        out = subprocess.run(["pgrep", "-f", self.conf], capture_output=True,
+                             text=True).stdout
+        return out.strip() != ""
+
+    def stop(self):
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            self.proc.wait(15)
+        except subprocess.TimeoutExpired:
+            self.kill9()
+        wait_until(lambda: not self._any_worker_alive(),
+                   f"{self.name} workers to exit")
+
+    def read_log(self):
+        with open(self.logpath) as f:
+            return f.read()
+
+
+class Api(Kore):
+    def __init__(self, name="api", port=None, **env):
+        self.port = port or free_port()
+        env.setdefault("IDEM_PORT", self.port)
+        super().__init__("kore.conf", name, env)
+
+    def start(self):
+        return super().start(lambda: request(self.port, "GET", "/healthz",
+                                             timeout=2).status == 200)
+
+    def post(self, path, body, **kw):
+        return post(self.port, path, body, **kw)
+
+    def get(self, path, **kw):
+        return get(self.port, path, **kw)
+
+
+class Provider(Kore):
+    def __init__(self, name="provider", port=None, **env):
+        self.port = port or free_port()
+        env.setdefault("IDEM_PROVIDER_PORT", self.port)
+        super().__init__("conf/fake-provider.conf", name, env)
+
+    @property
+    def url(self):
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self):
+        return super().start(lambda: request(
+            self.port, "GET", "/v1/charges?idempotency_key=ready",
+            timeout=2).status == 200)
+
+    def charges(self, key):
+        r = request(self.port, "GET",
+                    "/v1/charges?idempotency_key=" + key.replace(":", "%3A"))
+        return r.json()["charges"]
