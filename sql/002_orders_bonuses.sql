@@ -96,11 +96,19 @@ declare
 	v_points	bigint := p_amount / 100;
 	v_response	text;
 begin
+	-- A retry of a finished key: one index lookup.
+	return query select * from idempotency_replay(p_client, p_key,
+	    'orders.create', p_fingerprint);
+	if found then
+		return;
+	end if;
+
 	insert into idempotency_keys (client_id, idem_key, operation,
 	    fingerprint, status)
 	values (p_client, p_key, 'orders.create', p_fingerprint, 'in_progress')
 	on conflict do nothing;
 
+	-- Taken meanwhile: this insert waited until that transaction ended.
 	if not found then
 		return query select * from idempotency_replay(p_client, p_key,
 		    'orders.create', p_fingerprint);
@@ -146,11 +154,19 @@ declare
 	v_status	int := 201;
 	v_response	text;
 begin
+	-- A retry of a finished key: one index lookup.
+	return query select * from idempotency_replay(p_client, p_key,
+	    'bonuses.apply', p_fingerprint);
+	if found then
+		return;
+	end if;
+
 	insert into idempotency_keys (client_id, idem_key, operation,
 	    fingerprint, status)
 	values (p_client, p_key, 'bonuses.apply', p_fingerprint, 'in_progress')
 	on conflict do nothing;
 
+	-- Taken meanwhile: this insert waited until that transaction ended.
 	if not found then
 		return query select * from idempotency_replay(p_client, p_key,
 		    'bonuses.apply', p_fingerprint);

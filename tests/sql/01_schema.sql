@@ -11,7 +11,7 @@ select col_is_pk('idempotency_keys', array['client_id', 'idem_key'],
     'a key is unique per client, not globally');
 select col_is_pk('bonus_accounts', array['client_id', 'customer_id'],
     'a customer''s balance is per client');
-select has_index('idempotency_keys', 'idempotency_keys_finished',
+select has_index('idempotency_keys', 'idempotency_keys_created',
     'cleanup finds finished keys by an index');
 
 select throws_ok($$insert into clients values ('shop-x', 'not-a-hash')$$,

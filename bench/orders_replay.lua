@@ -1,0 +1,11 @@
+-- wrk: POST /v1/orders, every request a retry of one key.
+local key = string.format("replay-%d", os.time())
+local body = '{"customer_id":"c-replay","amount":150000,"currency":"RUB"}'
+
+function request()
+	return wrk.format("POST", "/v1/orders", {
+		["Authorization"] = "Bearer dev-shop-1",
+		["Content-Type"] = "application/json",
+		["Idempotency-Key"] = key,
+	}, body)
+end
