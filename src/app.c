@@ -16,6 +16,7 @@
 #include "db.h"
 #include "metrics.h"
 #include "problem.h"
+#include "provider_client.h"
 #include "routes.h"
 #include "settings.h"
 
@@ -47,15 +48,23 @@ kore_parent_configure(int argc, char **argv)
 	settings_load();
 	metrics_init();
 
+	if (curl_global_init(CURL_GLOBAL_DEFAULT) != CURLE_OK)
+		fatal("curl_global_init failed");
+
 	if (kore_server_lookup("api") != NULL) {
 		bind_server("api", settings.port);
 #if defined(DEV_ROUTES)
 		add_route("api", "/dev/canonical-json", "dev_canonical_json",
 		    HANDLER_TYPE_STATIC);
+		add_route("api", "/demo/naive/payments", "demo_naive_payments",
+		    HANDLER_TYPE_STATIC);
+		add_route("api", "/demo/fresh-provider-key/payments",
+		    "demo_fresh_provider_key_payments", HANDLER_TYPE_STATIC);
 #endif
 		add_route("api", "^/", "not_found", HANDLER_TYPE_DYNAMIC);
 	} else if (kore_server_lookup("provider") != NULL) {
 		bind_server("provider", settings.provider_port);
+		add_route("provider", "^/", "not_found", HANDLER_TYPE_DYNAMIC);
 	} else {
 		fatal("the configuration has neither an api nor a provider "
 		    "server block");
@@ -70,6 +79,7 @@ api_init(int state)
 
 	db_register();
 	auth_init();
+	provider_client_init();
 
 	return (KORE_RESULT_OK);
 }

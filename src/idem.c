@@ -482,6 +482,9 @@ fingerprint(struct idem_request *r)
 
 	json_canonical_members(&r->canonical, members, n);
 	sha256_hex(r->canonical.data, r->canonical.offset, r->fingerprint);
+
+	/* Kept as a C string too: the lease strategy stores it. */
+	(void)kore_buf_stringify(&r->canonical, NULL);
 }
 
 static int

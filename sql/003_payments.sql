@@ -1,0 +1,173 @@
+-- Payments through an external provider: the lease strategy. The key is
+-- taken first (reserve), the provider is called outside any transaction,
+-- then the outcome is saved (complete) or the lease given back (release).
+
+create table if not exists payments (
+	payment_id	bigint generated always as identity primary key,
+	client_id	text not null,
+	idem_key	text not null,
+	charge_id	text not null,
+	amount		bigint not null
+			check (amount > 0 and amount <= 9007199254740991),
+	currency	text not null check (currency ~ '^[A-Z]{3}$'),
+	recipient	text not null,
+	purpose		text,
+	created_at	timestamptz not null default now()
+);
+
+comment on table payments is
+    'Succeeded payments, one per completed key, with the provider''s charge.';
+
+create index if not exists payments_key on payments (client_id, idem_key);
+
+-- Takes the key for one attempt: inserts it in_progress with a lease, or
+-- takes over a row whose lease expired (its worker died, or gave the lease
+-- back) if it is the same request. Otherwise says why not.
+create or replace function payment_reserve(p_client text, p_key text,
+    p_operation text, p_fingerprint text, p_request jsonb,
+    p_lease_seconds int)
+returns table (outcome text, lease_id bigint, status_code int,
+    response text, retry_after int)
+language plpgsql as $$
+declare
+	v_lease		bigint;
+begin
+	insert into idempotency_keys as k (client_id, idem_key, operation,
+	    fingerprint, status, lease_id, locked_until, request)
+	values (p_client, p_key, p_operation, p_fingerprint, 'in_progress', 1,
+	    now() + make_interval(secs => p_lease_seconds), p_request)
+	on conflict (client_id, idem_key) do update
+	   set lease_id = k.lease_id + 1,
+	       locked_until = now() + make_interval(secs => p_lease_seconds)
+	 where k.status = 'in_progress' and k.locked_until < now()
+	   and k.operation = excluded.operation
+	   and k.fingerprint = excluded.fingerprint
+	returning k.lease_id into v_lease;
+
+	if found then
+		return query select case when v_lease = 1 then 'reserved'
+		    else 'taken_over' end, v_lease, null::int, null::text,
+		    null::int;
+		return;
+	end if;
+
+	return query
+	select case when k.operation <> p_operation or
+		    k.fingerprint <> p_fingerprint then 'mismatch'
+		    when k.status = 'in_progress' then 'in_flight'
+		    else 'replayed' end,
+	       k.lease_id, k.status_code, k.response,
+	       greatest(1, ceil(extract(epoch from k.locked_until - now())))::int
+	  from idempotency_keys k
+	 where k.client_id = p_client and k.idem_key = p_key;
+end;
+$$;
+
+comment on function payment_reserve(text, text, text, text, jsonb, int) is
+    'Lease strategy, step 1: reserved or taken_over (with the lease_id that '
+    'fences this attempt), else mismatch, in_flight (with retry_after '
+    'seconds) or replayed (with the saved response).';
+
+-- Saves the outcome of an attempt, only if it still holds its lease. A
+-- charge is written as a payment first, so that a late worker blocked on
+-- that write cannot get ahead of the one that took its key over.
+create or replace function payment_complete(p_client text, p_key text,
+    p_lease bigint, p_charge_id text, p_status_code int, p_problem text)
+returns table (outcome text, status_code int, response text, status text)
+language plpgsql as $$
+declare
+	v_payment	bigint;
+	v_response	text := p_problem;
+begin
+	if p_charge_id is not null then
+		insert into payments (client_id, idem_key, charge_id, amount,
+		    currency, recipient, purpose)
+		select p_client, p_key, p_charge_id, (k.request->>'amount')::bigint,
+		       k.request->>'currency', k.request->>'recipient',
+		       k.request->>'purpose'
+		  from idempotency_keys k
+		 where k.client_id = p_client and k.idem_key = p_key
+		returning format('{"payment_id":%s,"charge_id":%s,'
+		    '"status":"succeeded","amount":%s,"currency":%s}',
+		    payment_id, to_json(charge_id), amount, to_json(currency)),
+		    payment_id
+		into v_response, v_payment;
+	end if;
+
+	update idempotency_keys k
+	   set status = 'done', status_code = p_status_code,
+	       response = v_response, locked_until = null,
+	       finished_at = now()
+	 where k.client_id = p_client and k.idem_key = p_key
+	   and k.lease_id = p_lease and k.status = 'in_progress';
+
+	if found then
+		return query select 'completed'::text, p_status_code,
+		    v_response, 'done'::text;
+		return;
+	end if;
+
+	-- The lease was taken over: this late result is not written.
+	delete from payments where payment_id = v_payment;
+
+	return query select 'fenced'::text, k.status_code, k.response, k.status
+	  from idempotency_keys k
+	 where k.client_id = p_client and k.idem_key = p_key;
+end;
+$$;
+
+comment on function payment_complete(text, text, bigint, text, int, text) is
+    'Lease strategy, step 3: saves a charge (as a payment and its 201 body) '
+    'or a decline (p_problem) if p_lease still holds the key: completed. '
+    'Otherwise writes nothing: fenced, with the key''s current state.';
+
+-- Gives the lease back at once after a provider failure, keeping lease_id
+-- so that a late worker of this attempt stays fenced.
+create or replace function payment_release(p_client text, p_key text,
+    p_lease bigint)
+returns boolean
+language plpgsql as $$
+begin
+	update idempotency_keys
+	   set locked_until = '-infinity'
+	 where client_id = p_client and idem_key = p_key
+	   and lease_id = p_lease and status = 'in_progress';
+	return found;
+end;
+$$;
+
+comment on function payment_release(text, text, bigint) is
+    'Lease strategy, on a provider failure: ends the lease now, saving '
+    'nothing, so that a retry can take the key at once. False if fenced.';
+
+-- The check-then-write of the naive demo strategy: the key is written only
+-- after the provider call, by a plain insert that fails for the second of
+-- two concurrent requests, too late to stop its charge.
+create or replace function demo_naive_save(p_client text, p_key text,
+    p_fingerprint text, p_request jsonb, p_charge_id text)
+returns table (status_code int, response text)
+language plpgsql as $$
+declare
+	v_response	text;
+begin
+	insert into payments (client_id, idem_key, charge_id, amount, currency,
+	    recipient, purpose)
+	values (p_client, p_key, p_charge_id, (p_request->>'amount')::bigint,
+	    p_request->>'currency', p_request->>'recipient',
+	    p_request->>'purpose')
+	returning format('{"payment_id":%s,"charge_id":%s,'
+	    '"status":"succeeded","amount":%s,"currency":%s}', payment_id,
+	    to_json(charge_id), amount, to_json(currency))
+	into v_response;
+
+	insert into idempotency_keys (client_id, idem_key, operation,
+	    fingerprint, status, status_code, response, finished_at)
+	values (p_client, p_key, 'demo.naive', p_fingerprint, 'done', 201,
+	    v_response, now());
+
+	return query select 201, v_response;
+end;
+$$;
+
+comment on function demo_naive_save(text, text, text, jsonb, text) is
+    'Demo only: saves a payment and its key after the charge (the race).';

@@ -1,0 +1,40 @@
+/*
+ * POST /v1/payments, the lease strategy, and the pieces the demo strategies
+ * reuse to compare with it.
+ */
+
+#ifndef __H_PAYMENTS_H
+#define __H_PAYMENTS_H
+
+#include <kore/kore.h>
+#include <kore/http.h>
+
+#include "idem.h"
+#include "provider_client.h"
+
+/* How the provider's Idempotency-Key is made. */
+#define PROVIDER_KEY_DERIVED	0
+#define PROVIDER_KEY_FRESH	1
+
+struct payment {
+	int			provider_key_kind;
+	char			provider_key[AUTH_CLIENT_ID_MAX + IDEM_KEY_MAX + 2];
+	char			lease_id[24];
+	struct provider_call	call;
+	int			calling;
+	int			outcome;
+	int			released;
+};
+
+extern const struct idem_field	payment_fields[];
+extern const size_t		payment_nfields;
+
+int		payment_run(struct http_request *, int,
+		    const struct idem_operation *, int);
+struct payment	*payment_start(struct http_request *, int,
+		    const struct idem_operation *, int);
+int		payment_charge(struct http_request *);
+int		payment_fail_provider(struct http_request *);
+void		payment_declined_body(struct http_request *, struct kore_buf *);
+
+#endif

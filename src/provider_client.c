@@ -1,0 +1,286 @@
+/*
+ * libcurl's multi interface driven by Kore's event loop: curl tells which
+ * sockets to watch (watch_socket) and when to wake it (schedule_timeout);
+ * Kore's epoll and timers call back into curl_multi_socket_action().
+ */
+
+#include <sys/types.h>
+#include <sys/epoll.h>
+
+#include <stdio.h>
+#include <string.h>
+
+#include "json.h"
+#include "provider_client.h"
+#include "settings.h"
+
+#define RESPONSE_MAX		65536
+#define CHARGES_PATH		"/v1/charges"
+
+struct socket_watch {
+	struct kore_event	evt;
+	curl_socket_t		fd;
+};
+
+static int	watch_socket(CURL *, curl_socket_t, int, void *, void *);
+static int	schedule_timeout(CURLM *, long, void *);
+static void	socket_ready(void *, int);
+static void	timeout_fired(void *, u_int64_t);
+static void	collect_finished(void);
+static size_t	response_append(char *, size_t, size_t, void *);
+
+static CURLM			*multi = NULL;
+static struct kore_timer	*timer = NULL;
+static char			charges_url[512];
+
+void
+provider_client_init(void)
+{
+	int		n;
+
+	if (multi != NULL)
+		return;
+
+	n = snprintf(charges_url, sizeof(charges_url), "%s%s",
+	    settings.provider_url, CHARGES_PATH);
+	if (n < 0 || (size_t)n >= sizeof(charges_url))
+		fatal("IDEM_PROVIDER_URL is too long");
+
+	if ((multi = curl_multi_init()) == NULL)
+		fatal("curl_multi_init failed");
+
+	curl_multi_setopt(multi, CURLMOPT_SOCKETFUNCTION, watch_socket);
+	curl_multi_setopt(multi, CURLMOPT_TIMERFUNCTION, schedule_timeout);
+}
+
+/*
+ * Starts POST /v1/charges with the given Idempotency-Key and JSON body.
+ */
+void
+provider_call_start(struct provider_call *call, const char *key,
+    const char *body, size_t len)
+{
+	char		header[512];
+	CURLMcode	rc;
+
+	kore_buf_init(&call->response, 256);
+	call->done = 0;
+
+	if ((call->easy = curl_easy_init()) == NULL)
+		fatal("curl_easy_init failed");
+
+	(void)snprintf(header, sizeof(header), "Idempotency-Key: %s", key);
+	call->headers = curl_slist_append(NULL, header);
+	call->headers = curl_slist_append(call->headers,
+	    "Content-Type: application/json");
+	call->headers = curl_slist_append(call->headers, "Expect:");
+
+	curl_easy_setopt(call->easy, CURLOPT_URL, charges_url);
+	curl_easy_setopt(call->easy, CURLOPT_HTTPHEADER, call->headers);
+	curl_easy_setopt(call->easy, CURLOPT_POSTFIELDSIZE, (long)len);
+	curl_easy_setopt(call->easy, CURLOPT_COPYPOSTFIELDS, body);
+	curl_easy_setopt(call->easy, CURLOPT_TIMEOUT_MS,
+	    (long)settings.provider_timeout_ms);
+	curl_easy_setopt(call->easy, CURLOPT_NOSIGNAL, 1L);
+	curl_easy_setopt(call->easy, CURLOPT_WRITEFUNCTION, response_append);
+	curl_easy_setopt(call->easy, CURLOPT_WRITEDATA, call);
+	curl_easy_setopt(call->easy, CURLOPT_ERRORBUFFER, call->errbuf);
+	curl_easy_setopt(call->easy, CURLOPT_PRIVATE, call);
+
+	if ((rc = curl_multi_add_handle(multi, call->easy)) != CURLM_OK)
+		fatal("curl_multi_add_handle: %s", curl_multi_strerror(rc));
+}
+
+void
+provider_call_cleanup(struct provider_call *call)
+{
+	if (call->easy != NULL) {
+		if (!call->done)
+			curl_multi_remove_handle(multi, call->easy);
+		curl_easy_cleanup(call->easy);
+		call->easy = NULL;
+	}
+
+	if (call->headers != NULL) {
+		curl_slist_free_all(call->headers);
+		call->headers = NULL;
+	}
+
+	kore_buf_cleanup(&call->response);
+}
+
+/*
+ * Classifies a finished call: a charge (201 with a charge_id), a decline
+ * (402), a timeout, or a failure (unreachable, 5xx, anything unexpected).
+ */
+int
+provider_call_outcome(struct provider_call *call)
+{
+	struct json_value	*v, *id, *detail;
+	char			err[JSON_ERROR_LEN];
+
+	if (call->result == CURLE_OPERATION_TIMEDOUT) {
+		(void)snprintf(call->detail, sizeof(call->detail),
+		    "no answer within %u ms", settings.provider_timeout_ms);
+		return (PROVIDER_TIMED_OUT);
+	}
+
+	if (call->result != CURLE_OK) {
+		(void)snprintf(call->detail, sizeof(call->detail), "%s",
+		    call->errbuf[0] ? call->errbuf :
+		    curl_easy_strerror(call->result));
+		return (PROVIDER_FAILED);
+	}
+
+	v = json_parse(call->response.data, call->response.offset, err,
+	    sizeof(err));
+
+	if (call->status == HTTP_STATUS_PAYMENT_REQUIRED) {
+		detail = json_member(v, "detail");
+		(void)snprintf(call->detail, sizeof(call->detail), "%s",
+		    detail != NULL && detail->type == JSON_STRING ?
+		    detail->str : "the provider declined the charge");
+		json_free(v);
+		return (PROVIDER_DECLINED);
+	}
+
+	id = json_member(v, "charge_id");
+	if (call->status == HTTP_STATUS_CREATED && id != NULL &&
+	    id->type == JSON_STRING && id->len > 0 &&
+	    id->len <= PROVIDER_CHARGE_ID_MAX && strlen(id->str) == id->len) {
+		(void)kore_strlcpy(call->charge_id, id->str,
+		    sizeof(call->charge_id));
+		json_free(v);
+		return (PROVIDER_CHARGED);
+	}
+
+	(void)snprintf(call->detail, sizeof(call->detail),
+	    "the provider answered %ld", call->status);
+	json_free(v);
+
+	return (PROVIDER_FAILED);
+}
+
+static int
+watch_socket(CURL *easy, curl_socket_t fd, int what, void *udata,
+    void *socketp)
+{
+	struct socket_watch	*w = socketp;
+	int			events;
+
+	if (what == CURL_POLL_REMOVE) {
+		if (w != NULL) {
+			kore_platform_disable_read(fd);
+			curl_multi_assign(multi, fd, NULL);
+			kore_free(w);
+		}
+		return (0);
+	}
+
+	if (w == NULL) {
+		w = kore_calloc(1, sizeof(*w));
+		w->evt.type = KORE_TYPE_CURL_HANDLE;
+		w->evt.handle = socket_ready;
+		w->fd = fd;
+		curl_multi_assign(multi, fd, w);
+	}
+
+	events = 0;
+	if (what & CURL_POLL_IN)
+		events |= EPOLLIN;
+	if (what & CURL_POLL_OUT)
+		events |= EPOLLOUT;
+
+	kore_platform_event_schedule(fd, events, 0, w);
+
+	return (0);
+}
+
+static int
+schedule_timeout(CURLM *m, long timeout_ms, void *udata)
+{
+	if (timer != NULL) {
+		kore_timer_remove(timer);
+		timer = NULL;
+	}
+
+	if (timeout_ms >= 0) {
+		timer = kore_timer_add(timeout_fired, (u_int64_t)timeout_ms,
+		    NULL, KORE_TIMER_ONESHOT);
+	}
+
+	return (0);
+}
+
+static void
+socket_ready(void *arg, int error)
+{
+	struct socket_watch	*w = arg;
+	int			flags, running;
+
+	flags = 0;
+	if (w->evt.flags & KORE_EVENT_READ)
+		flags |= CURL_CSELECT_IN;
+	if (w->evt.flags & KORE_EVENT_WRITE)
+		flags |= CURL_CSELECT_OUT;
+	if (error)
+		flags |= CURL_CSELECT_ERR;
+
+	/* The watch may be freed inside curl_multi_socket_action(). */
+	w->evt.flags = 0;
+	curl_multi_socket_action(multi, w->fd, flags, &running);
+
+	collect_finished();
+}
+
+static void
+timeout_fired(void *arg, u_int64_t now)
+{
+	int		running;
+
+	/* Kore frees a one-shot timer after this callback. */
+	timer = NULL;
+	curl_multi_socket_action(multi, CURL_SOCKET_TIMEOUT, 0, &running);
+
+	collect_finished();
+}
+
+static void
+collect_finished(void)
+{
+	CURLMsg			*msg;
+	struct provider_call	*call;
+	int			left;
+
+	while ((msg = curl_multi_info_read(multi, &left)) != NULL) {
+		if (msg->msg != CURLMSG_DONE)
+			continue;
+
+		curl_easy_getinfo(msg->easy_handle, CURLINFO_PRIVATE, &call);
+		call->result = msg->data.result;
+		curl_easy_getinfo(msg->easy_handle, CURLINFO_RESPONSE_CODE,
+		    &call->status);
+		curl_multi_remove_handle(multi, msg->easy_handle);
+		call->done = 1;
+
+		if (call->req != NULL)
+			http_request_wakeup(call->req);
+		if (call->cb != NULL)
+			call->cb(call, call->arg);
+	}
+}
+
+static size_t
+response_append(char *ptr, size_t size, size_t nmemb, void *udata)
+{
+	struct provider_call	*call = udata;
+	size_t			len;
+
+	len = size * nmemb;
+	if (call->response.offset + len > RESPONSE_MAX)
+		return (0);
+
+	kore_buf_append(&call->response, ptr, len);
+
+	return (len);
+}

@@ -1,0 +1,49 @@
+/*
+ * Calls of the payment provider's POST /v1/charges, made with libcurl's
+ * multi interface on the worker's own event loop: any number of calls in
+ * flight, none blocking the worker, no thread pool.
+ */
+
+#ifndef __H_PROVIDER_CLIENT_H
+#define __H_PROVIDER_CLIENT_H
+
+#include <curl/curl.h>
+
+#include <kore/kore.h>
+#include <kore/http.h>
+
+/* What became of a call. */
+#define PROVIDER_CHARGED	1
+#define PROVIDER_DECLINED	2
+#define PROVIDER_FAILED		3
+#define PROVIDER_TIMED_OUT	4
+
+#define PROVIDER_CHARGE_ID_MAX	128
+#define PROVIDER_DETAIL_MAX	256
+
+struct provider_call {
+	CURL			*easy;
+	struct curl_slist	*headers;
+	struct kore_buf		response;
+	char			errbuf[CURL_ERROR_SIZE];
+	int			done;
+	CURLcode		result;
+	long			status;
+
+	/* Woken up, or called back, when the call is done. */
+	struct http_request	*req;
+	void			(*cb)(struct provider_call *, void *);
+	void			*arg;
+
+	/* Filled by provider_call_outcome(). */
+	char			charge_id[PROVIDER_CHARGE_ID_MAX + 1];
+	char			detail[PROVIDER_DETAIL_MAX];
+};
+
+void	provider_client_init(void);
+void	provider_call_start(struct provider_call *, const char *,
+	    const char *, size_t);
+void	provider_call_cleanup(struct provider_call *);
+int	provider_call_outcome(struct provider_call *);
+
+#endif
