@@ -15,6 +15,7 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.parse
 import uuid
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -358,6 +359,25 @@ class Provider(Kore):
             timeout=2).status == 200)
 
     def charges(self, key):
-        r = request(self.port, "GET",
-                    "/v1/charges?idempotency_key=" + key.replace(":", "%3A"))
+        """GET /v1/charges?idempotency_key=key: the charges made under it."""
+        r = request(self.port, "GET", "/v1/charges?idempotency_key=" +
+                    urllib.parse.quote(key, safe=""))
         return r.json()["charges"]
+
+
+def charges_to(recipient):
+    """Charges the provider made to a recipient, whatever their key."""
+    return int(sql_value("select count(*) from provider.charges"
+                         f" where recipient = {quote(recipient)}"))
+
+
+def key_row(key, client="shop-1"):
+    """The key's row as a dict, or None."""
+    rows = sql("select status, lease_id, status_code, response,"
+               " locked_until > now() from idempotency_keys"
+               f" where client_id = {quote(client)} and idem_key = {quote(key)}")
+    if not rows:
+        return None
+    status, lease, code, response, leased = rows[0]
+    return {"status": status, "lease_id": int(lease), "status_code": code or None,
+            "response": response or None, "leased": leased == "t"}

@@ -1,0 +1,165 @@
+"""POST /v1/payments, the lease strategy, against the fake provider: the
+first charge, replays, mismatches, the key scope, a duplicate while the
+first runs, declines, provider failures and timeouts, and the start-up
+check of the lease against the provider timeout."""
+
+import os
+import subprocess
+import sys
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "lib"))
+from harness import (ROOT, TMP, Api, Background, Provider, Tap, charges_to,  # noqa: E402
+                     concurrently, key_row, new_key, quote, sql_value, wait_until)
+
+t = Tap()
+provider = Provider().start()
+api = Api(IDEM_PROVIDER_URL=provider.url, IDEM_LEASE_SECONDS=4,
+          IDEM_PROVIDER_TIMEOUT_MS=3000).start()
+
+
+def payment(recipient, amount=10000, **extra):
+    return dict({"amount": amount, "currency": "RUB", "recipient": recipient}, **extra)
+
+
+# The first request and its replay.
+key = new_key("pay")
+body = payment("acc-first", purpose="order 17", sent_at="2026-11-30T10:00:00Z")
+first = api.post("/v1/payments", body, key=key)
+t.eq(first.status, 201, "a payment is created")
+p = first.json()
+t.ok(isinstance(p["payment_id"], int) and p["charge_id"].startswith("ch_") and
+     p["status"] == "succeeded" and p["amount"] == 10000 and p["currency"] == "RUB",
+     "201 body: payment_id, charge_id, status, amount, currency", first)
+charges = provider.charges(f"shop-1:{key}")
+t.eq([c["charge_id"] for c in charges], [p["charge_id"]],
+     "the provider holds one charge under the derived key shop-1:<key>")
+t.eq(sql_value(f"select charge_id from payments where idem_key = {quote(key)}"),
+     p["charge_id"], "the payment row holds the provider's charge")
+
+again = api.post("/v1/payments", dict(body, sent_at="2026-11-30T10:00:11Z"), key=key)
+t.ok(again.status == 201 and again.replayed and again.body == first.body,
+     "a retry (another sent_at) gets the first response byte for byte", again)
+t.eq(charges_to("acc-first"), 1, "and makes no second charge")
+
+r = api.post("/v1/payments", dict(body, amount=50000), key=key)
+t.ok(r.status == 422 and r.json()["type"].endswith("/idempotency-key-reused"),
+     "same key, other amount: 422", r)
+r = api.post("/v1/payments", dict(body, purpose="order 18"), key=key)
+t.eq(r.status, 422, "same key, other purpose: 422")
+t.eq(charges_to("acc-first"), 1, "the mismatches charged nothing")
+
+other = api.post("/v1/payments", body, key=key, client="shop-2")
+t.ok(other.status == 201 and not other.replayed and
+     other.json()["charge_id"] != p["charge_id"], "same key from shop-2: its own payment", other)
+t.eq(len(provider.charges(f"shop-2:{key}")), 1, "charged under shop-2's derived key")
+t.eq(charges_to("acc-first"), 2, "one charge per client")
+
+# A duplicate while the first is at the provider: 409, nothing saved.
+key = new_key("pay")
+running = Background(api.post, "/v1/payments", payment("acc-dup"), key=key)
+wait_until(lambda: provider.charges(f"shop-1:{key}"), "the provider to record the charge")
+dup = api.post("/v1/payments", payment("acc-dup"), key=key)
+t.eq(dup.status, 409, "a duplicate while the first runs: 409")
+t.ok(dup.json()["type"].endswith("/request-in-progress"), "request-in-progress problem", dup)
+t.ok(1 <= int(dup.headers.get("retry-after", "0")) <= 4,
+     "with Retry-After until the lease ends", dup.headers)
+done = running.wait()
+t.eq(done.status, 201, "the first finishes with 201")
+after = api.post("/v1/payments", payment("acc-dup"), key=key)
+t.ok(after.status == 201 and after.replayed and after.body == done.body,
+     "the duplicate's retry afterwards gets the first's response", after)
+t.eq(charges_to("acc-dup"), 1, "one charge")
+
+# Twenty at once: one charge.
+key = new_key("pay")
+answers = concurrently(20, api.post, "/v1/payments", payment("acc-twenty"), key=key)
+statuses = [r.status for r in answers]
+t.ok(statuses.count(201) >= 1 and set(statuses) <= {201, 409},
+     "20 duplicates at once: 201s and 409s only", statuses)
+t.eq(sum(1 for r in answers if r.status == 201 and not r.replayed), 1,
+     "exactly one executed the payment")
+t.eq(charges_to("acc-twenty"), 1, "exactly one charge at the provider")
+
+# A decline is an outcome: saved and replayed.
+key = new_key("pay")
+declined = api.post("/v1/payments", payment("decline"), key=key)
+t.eq(declined.status, 402, "a declined card: 402")
+t.ok(declined.json()["type"].endswith("/problems/card-declined") and
+     declined.headers["content-type"] == "application/problem+json",
+     "card-declined problem", declined)
+again = api.post("/v1/payments", payment("decline"), key=key)
+t.ok(again.status == 402 and again.replayed and again.body == declined.body,
+     "the decline is replayed, not retried at the provider", again)
+t.eq(key_row(key)["status_code"], "402", "the key holds the saved 402")
+t.eq(provider.charges(f"shop-1:{key}"), [], "no charge")
+
+# A provider error: 502, nothing saved, the lease released at once.
+key = new_key("pay")
+failed = api.post("/v1/payments", payment("fail"), key=key)
+t.ok(failed.status == 502 and failed.json()["type"].endswith("/provider-unavailable"),
+     "the provider answers 500: 502 provider-unavailable", failed)
+row = key_row(key)
+t.ok(row["status"] == "in_progress" and row["response"] is None and not row["leased"],
+     "nothing saved and the lease released", row)
+again = api.post("/v1/payments", payment("fail"), key=key)
+t.eq(again.status, 502, "an immediate retry goes to the provider again (not 409)")
+t.eq(key_row(key)["lease_id"], 2, "the retry took the key with the next lease")
+
+# The provider is down, then back: the retry goes through, one charge.
+key = new_key("pay")
+provider.stop()
+down = api.post("/v1/payments", payment("acc-down"), key=key)
+t.ok(down.status == 502 and down.json()["type"].endswith("/provider-unavailable"),
+     "the provider unreachable: 502", down)
+t.ok(not key_row(key)["leased"], "the lease released")
+provider = Provider(port=provider.port, name="provider-2").start()
+up = api.post("/v1/payments", payment("acc-down"), key=key)
+t.eq(up.status, 201, "the retry after the provider is back: 201")
+t.eq(len(provider.charges(f"shop-1:{key}")), 1, "one charge under the derived key")
+
+# A provider slower than the timeout: 504; the retry reuses the derived key.
+key = new_key("pay")
+slow = api.post("/v1/payments", payment("slow", amount=777), key=key)
+t.ok(slow.status == 504 and slow.json()["type"].endswith("/provider-timeout"),
+     "the provider does not answer in time: 504", slow)
+t.ok(not key_row(key)["leased"] and key_row(key)["response"] is None,
+     "nothing saved and the lease released", key_row(key))
+made = provider.charges(f"shop-1:{key}")
+t.eq(len(made), 1, "the provider did make the charge it was thinking about")
+retry = api.post("/v1/payments", payment("slow", amount=777), key=key)
+t.ok(retry.status == 201 and retry.json()["charge_id"] == made[0]["charge_id"],
+     "the retry gets 201 with that same charge", retry)
+t.eq(len(provider.charges(f"shop-1:{key}")), 1, "exactly one charge")
+
+# Bad input takes no key and charges nothing.
+key = new_key("pay")
+for bad, what in [({"amount": 100, "currency": "RUB"}, "no recipient"),
+                  (payment("acc-bad", amount=1.5), "fractional amount"),
+                  (payment("acc-bad", currency="rub"), "lower-case currency"),
+                  (payment("acc-bad", purpose=5), "numeric purpose")]:
+    r = api.post("/v1/payments", bad, key=key)
+    t.ok(r.status == 400 and r.json()["type"].endswith("/invalid-request"),
+         f"{what}: 400", r)
+t.ok(key_row(key) is None and charges_to("acc-bad") == 0, "no key taken, no charge")
+t.eq(api.post("/v1/payments", payment("acc-bad"), key=key).status, 201,
+     "the same key then works")
+
+api.stop()
+provider.stop()
+
+# A lease that does not outlast the provider timeout is refused at start.
+env = dict(os.environ, IDEM_LEASE_SECONDS="5", IDEM_PROVIDER_TIMEOUT_MS="5000",
+           IDEM_PORT="1")
+conf = os.path.join(TMP, "refused.conf")
+with open(os.path.join(ROOT, "kore.conf")) as f:
+    text = f.read().replace("load ./app.so", f"load {ROOT}/app.so")
+with open(conf, "w") as f:
+    f.write(text.replace("pidfile api.pid", f"pidfile {TMP}/refused.pid"))
+out = subprocess.run(["kore", "-fnrc", conf], cwd=ROOT, env=env, capture_output=True,
+                     text=True, timeout=30)
+t.ok(out.returncode != 0, "kore refuses to start with lease 5 s and timeout 5000 ms")
+t.ok("IDEM_LEASE_SECONDS" in out.stdout + out.stderr and
+     "IDEM_PROVIDER_TIMEOUT_MS" in out.stdout + out.stderr,
+     "with a message naming both settings", out.stdout + out.stderr)
+
+t.done()

@@ -1,0 +1,106 @@
+-- The SQL of the lease strategy: reserve, take-over, complete, release and
+-- the fencing rule; and the fake provider's one charge per key.
+begin;
+select plan(36);
+
+create temporary table r1 as select * from payment_reserve('shop-1', 'p-1',
+    'payments.create', repeat('a', 64),
+    '{"amount":100,"currency":"RUB","recipient":"acc"}', 30);
+select is((select outcome from r1), 'reserved', 'a new key is reserved');
+select is((select lease_id from r1), 1::bigint, 'with lease 1');
+select is((select status from idempotency_keys where idem_key = 'p-1'),
+    'in_progress', 'the key is in_progress');
+select ok((select locked_until > now() + interval '29 seconds'
+    from idempotency_keys where idem_key = 'p-1'), 'leased for 30 seconds');
+
+create temporary table r2 as select * from payment_reserve('shop-1', 'p-1',
+    'payments.create', repeat('a', 64), '{}', 30);
+select is((select outcome from r2), 'in_flight', 'a duplicate while the lease holds');
+select ok((select retry_after between 29 and 30 from r2),
+    'is told to retry when the lease ends');
+select is((select lease_id from idempotency_keys where idem_key = 'p-1'), 1::bigint,
+    'and does not touch the lease');
+select is((select outcome from payment_reserve('shop-1', 'p-1', 'payments.create',
+    repeat('b', 64), '{}', 30)), 'mismatch', 'another fingerprint is a mismatch');
+select is((select outcome from payment_reserve('shop-1', 'p-1', 'demo.naive',
+    repeat('a', 64), '{}', 30)), 'mismatch', 'another operation is a mismatch');
+
+-- The first worker dies; its lease runs out.
+update idempotency_keys set locked_until = now() - interval '1 second'
+ where idem_key = 'p-1';
+select is((select outcome from payment_reserve('shop-1', 'p-1', 'payments.create',
+    repeat('b', 64), '{}', 30)), 'mismatch',
+    'an expired lease is not taken over by another request');
+create temporary table r3 as select * from payment_reserve('shop-1', 'p-1',
+    'payments.create', repeat('a', 64), '{}', 30);
+select is((select outcome from r3), 'taken_over', 'the same request takes an expired lease over');
+select is((select lease_id from r3), 2::bigint, 'with the next fencing token');
+
+-- The first worker comes back late with lease 1.
+select results_eq($$select outcome, status from payment_complete('shop-1', 'p-1', 1,
+    'ch_late', 201, null)$$, $$values ('fenced'::text, 'in_progress'::text)$$,
+    'completing with a lost lease is fenced');
+select is((select count(*)::int from payments where idem_key = 'p-1'), 0,
+    'and writes no payment');
+select is((select status from idempotency_keys where idem_key = 'p-1'), 'in_progress',
+    'nor the key');
+select is(payment_release('shop-1', 'p-1', 1), false, 'nor can it release the lease');
+select ok((select locked_until > now() from idempotency_keys where idem_key = 'p-1'),
+    'which the new holder keeps');
+
+create temporary table c1 as select * from payment_complete('shop-1', 'p-1', 2,
+    'ch_1', 201, null);
+select is((select outcome from c1), 'completed', 'the holder completes');
+select is((select response::jsonb - 'payment_id' from c1),
+    '{"charge_id":"ch_1","status":"succeeded","amount":100,"currency":"RUB"}'::jsonb,
+    'with the payment''s body, from the fields kept at reserve');
+select is((select count(*)::int from payments where idem_key = 'p-1' and charge_id = 'ch_1'),
+    1, 'one payment row with the charge');
+select results_eq($$select status, status_code, locked_until from idempotency_keys
+    where idem_key = 'p-1'$$, $$values ('done'::text, 201, null::timestamptz)$$,
+    'the key is done, lease cleared');
+select results_eq($$select outcome, status_code, response from payment_reserve('shop-1',
+    'p-1', 'payments.create', repeat('a', 64), '{}', 30)$$,
+    $$select 'replayed'::text, 201, response from c1$$,
+    'a retry after completion gets the saved response');
+select results_eq($$select outcome, status from payment_complete('shop-1', 'p-1', 1,
+    'ch_late', 201, null)$$, $$values ('fenced'::text, 'done'::text)$$,
+    'a late worker after completion is fenced and told the key is done');
+select is((select count(*)::int from payments where idem_key = 'p-1'), 1,
+    'still one payment');
+
+-- A provider failure: the lease is given back at once.
+select is((select lease_id from payment_reserve('shop-1', 'p-2', 'payments.create',
+    repeat('a', 64), '{"amount":5,"currency":"EUR","recipient":"x"}', 30)), 1::bigint,
+    'p-2 reserved');
+select is(payment_release('shop-1', 'p-2', 1), true, 'the holder releases');
+select results_eq($$select status, status_code from idempotency_keys where idem_key = 'p-2'$$,
+    $$values ('in_progress'::text, null::int)$$, 'nothing is saved');
+create temporary table r4 as select * from payment_reserve('shop-1', 'p-2',
+    'payments.create', repeat('a', 64), '{}', 30);
+select results_eq($$select outcome, lease_id from r4$$,
+    $$values ('taken_over'::text, 2::bigint)$$, 'a retry takes the key at once, fenced anew');
+
+-- A decline is saved and replayed.
+select is((select outcome from payment_complete('shop-1', 'p-2', 2, null, 402,
+    '{"type":"x","status":402}')), 'completed', 'a decline completes');
+select results_eq($$select status_code, response from idempotency_keys where idem_key = 'p-2'$$,
+    $$values (402, '{"type":"x","status":402}'::text)$$, 'as a saved 402');
+select is((select count(*)::int from payments where idem_key = 'p-2'), 0,
+    'with no payment row');
+
+select is((select outcome from payment_reserve('shop-2', 'p-1', 'payments.create',
+    repeat('a', 64), '{}', 30)), 'reserved', 'the same key of another client is its own');
+
+-- The fake provider: one charge per key.
+create temporary table ch as select * from provider.charge('k-1', 100, 'RUB', 'acc');
+select is((select created from ch), true, 'the provider charges a new key');
+select results_eq($$select created, charge_id from provider.charge('k-1', 100, 'RUB', 'acc')$$,
+    $$select false, charge_id from ch$$, 'and answers the same charge for it again');
+select is((select count(*)::int from provider.charges where idempotency_key = 'k-1'), 1,
+    'one charge row');
+select is((provider.charges_of('k-1')::jsonb -> 'charges' -> 0 ->> 'charge_id'),
+    (select charge_id from ch), 'charges_of lists it');
+
+select * from finish();
+rollback;
