@@ -162,6 +162,13 @@ class Background:
     def done(self):
         return not self._thread.is_alive()
 
+    def cut(self, timeout=WAIT_SECONDS):
+        """Waits for a request whose server was killed: true if it got no
+        answer (the connection was closed under it)."""
+        self._thread.join(timeout)
+        return not self._thread.is_alive() and self.result is None and \
+            isinstance(self.error, (ConnectionError, http.client.HTTPException))
+
     def wait(self, timeout=WAIT_SECONDS):
         self._thread.join(timeout)
         if self._thread.is_alive():
@@ -254,7 +261,7 @@ def free_port():
 class Kore:
     """A kore process (the API or the fake provider) with its workers."""
 
-    def __init__(self, conf, name, env):
+    def __init__(self, conf, name, env, app=None):
         self.name = name
         self.env = dict(os.environ)
         self.env.update({k: str(v) for k, v in env.items()})
@@ -263,7 +270,7 @@ class Kore:
         self.logpath = os.path.join(TMP, f"{name}.log")
         with open(os.path.join(ROOT, conf)) as f:
             text = f.read()
-        text = text.replace("load ./app.so", f"load {ROOT}/app.so")
+        text = text.replace("load ./app.so", f"load {app or ROOT + '/app.so'}")
         lines = [l for l in text.splitlines() if not l.startswith("pidfile")]
         lines.append(f"pidfile {TMP}/{name}.pid")
         with open(self.conf, "w") as f:
@@ -327,10 +334,10 @@ class Kore:
 
 
 class Api(Kore):
-    def __init__(self, name="api", port=None, **env):
+    def __init__(self, name="api", port=None, app=None, **env):
         self.port = port or free_port()
         env.setdefault("IDEM_PORT", self.port)
-        super().__init__("kore.conf", name, env)
+        super().__init__("kore.conf", name, env, app)
 
     def start(self):
         return super().start(lambda: request(self.port, "GET", "/healthz",

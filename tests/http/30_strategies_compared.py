@@ -1,0 +1,249 @@
+"""The strategies compared, scenario by scenario, as the design's table
+has them: each scenario is run against every strategy it applies to,
+counting charges at the fake provider and orders in the database, and the
+table is printed at the end (and copied into the README).
+
+  naive               POST /demo/naive/payments (check, charge, then write)
+  lease               POST /v1/payments
+  fresh provider key  POST /demo/fresh-provider-key/payments
+  transactional       POST /v1/orders
+
+Processes are killed with SIGKILL by their own pids; the tests wait on
+conditions (the provider has recorded the charge, the lease has expired,
+a backend is blocked on a lock), not on fixed sleeps."""
+
+import os
+import re
+import sys
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "lib"))
+from harness import (Api, Background, PsqlSession, Provider, Tap, charges_to,  # noqa: E402
+                     concurrently, key_row, new_key, quote, request, sql_value,
+                     wait_until)
+
+t = Tap()
+LEASE, TIMEOUT_MS = 4, 3000
+provider = Provider().start()
+env = {"IDEM_PROVIDER_URL": provider.url, "IDEM_LEASE_SECONDS": LEASE,
+       "IDEM_PROVIDER_TIMEOUT_MS": TIMEOUT_MS}
+api = Api(**env).start()
+table = []
+
+PATHS = {"naive": "/demo/naive/payments", "lease": "/v1/payments",
+         "fresh provider key": "/demo/fresh-provider-key/payments",
+         "transactional": "/v1/orders"}
+
+
+def body(strategy, recipient, amount=10000):
+    if strategy == "transactional":
+        return {"customer_id": recipient, "amount": amount, "currency": "RUB"}
+    return {"amount": amount, "currency": "RUB", "recipient": recipient}
+
+
+def effects(strategy, recipient):
+    """Charges at the provider, or orders in the database."""
+    if strategy == "transactional":
+        return int(sql_value("select count(*) from orders where customer_id = "
+                             f"{quote(recipient)}"))
+    return charges_to(recipient)
+
+
+def unit(strategy, count=2):
+    noun = "order" if strategy == "transactional" else "charge"
+    return noun if count == 1 else noun + "s"
+
+
+def seen(responses):
+    return ", ".join(f"{r.status}{' (replay)' if r.replayed else ''}" for r in responses)
+
+
+def record(scenario, strategy, responses, count, expect_count, expect_statuses, extra=""):
+    label = f"{scenario} / {strategy}"
+    t.eq(sorted(r.status for r in responses), sorted(expect_statuses), f"{label}: statuses")
+    t.eq(count, expect_count, f"{label}: {expect_count} {unit(strategy, expect_count)}")
+    table.append((scenario, strategy, seen(responses) + extra,
+                  f"{count} {unit(strategy, count)}"))
+
+
+def post(strategy, recipient, key, amount=10000, client="shop-1"):
+    return api.post(PATHS[strategy], body(strategy, recipient, amount), key=key, client=client)
+
+
+def restart_api():
+    global api
+    api = Api(port=api.port, name=f"api-{new_key('r')}", **env).start()
+
+
+# 1. Two concurrent requests with one key.
+scenario = "two concurrent requests, one key"
+for strategy, statuses, count in [("naive", [201, 500], 2), ("lease", [201, 409], 1),
+                                  ("fresh provider key", [201, 409], 1),
+                                  ("transactional", [201, 201], 1)]:
+    rcpt, key = new_key("acc"), new_key()
+    answers = concurrently(2, post, strategy, rcpt, key)
+    record(scenario, strategy, answers, effects(strategy, rcpt), count, statuses)
+
+# 2. A retry after the first finished, 3. with another amount, 4. from another client.
+for strategy in PATHS:
+    rcpt, key = new_key("acc"), new_key()
+    first = post(strategy, rcpt, key)
+    again = post(strategy, rcpt, key)
+    t.ok(again.body == first.body and again.replayed,
+         f"retry after completion / {strategy}: the saved response", again)
+    record("retry after completion", strategy, [first, again], effects(strategy, rcpt), 1,
+           [201, 201])
+
+    other = post(strategy, rcpt, key, amount=50000)
+    if strategy == "naive":
+        # The check-then-write never compares the request: a payment of 500
+        # is answered with the receipt of the payment of 100.
+        t.ok(other.status == 201 and other.body == first.body,
+             "other amount / naive: answered with the first payment's receipt", other)
+        record("same key, other amount", strategy, [other], effects(strategy, rcpt), 1,
+               [201], " the 100.00 receipt for a 500.00 payment")
+    else:
+        record("same key, other amount", strategy, [other], effects(strategy, rcpt), 1,
+               [422])
+
+    theirs = post(strategy, rcpt, key, client="shop-2")
+    t.ok(not theirs.replayed and theirs.body != first.body,
+         f"same key, other client / {strategy}: its own operation", theirs)
+    record("same key, other client", strategy, [theirs], effects(strategy, rcpt), 2, [201])
+
+# 5. The API dies after the provider charged; the client retries.
+scenario = "API killed after the charge, then retries"
+for strategy, expect in [("lease", 1), ("fresh provider key", 2), ("naive", 2)]:
+    rcpt, key = new_key("acc"), new_key()
+    lost = Background(post, strategy, rcpt, key)
+    wait_until(lambda: charges_to(rcpt) == 1, "the provider to record the charge")
+    api.kill9()
+    t.ok(lost.cut(), f"{scenario} / {strategy}: the client got no answer")
+    restart_api()
+    answers = []
+    if strategy != "naive":
+        early = post(strategy, rcpt, key)
+        t.eq(early.status, 409, f"{scenario} / {strategy}: an immediate retry is 409")
+        t.ok(early.headers.get("retry-after"), "with Retry-After", early.headers)
+        answers.append(early)
+        wait_until(lambda: not key_row(key)["leased"], "the dead worker's lease to expire")
+    late = post(strategy, rcpt, key)
+    answers.append(late)
+    if strategy == "lease":
+        charge = provider.charges(f"shop-1:{key}")[0]["charge_id"]
+        t.eq(late.json()["charge_id"], charge,
+             f"{scenario} / lease: the retry gets the SAME charge, by the derived key")
+    record(scenario, strategy, answers, effects(strategy, rcpt), expect,
+           [r.status for r in answers] if strategy == "naive" else [409, 201])
+
+# The transactional strategy: the API dies while the order's transaction
+# is open (held by a lock); the retry waits, then replays or does the work.
+rcpt, key = new_key("cust"), new_key()
+lock = PsqlSession()
+lock.run("begin; lock table orders in share mode;")
+lost = Background(post, "transactional", rcpt, key)
+wait_until(lambda: int(sql_value("select count(*) from pg_stat_activity where "
+                                 "wait_event = 'relation' and query like '%order_create(%'")) == 1,
+           "the order to block on the held table")
+api.kill9()
+t.ok(lost.cut(), f"{scenario} / transactional: the client got no answer")
+restart_api()
+retry = Background(post, "transactional", rcpt, key)
+wait_until(lambda: int(sql_value("select count(*) from pg_stat_activity where "
+                                 "wait_event = 'transactionid'")) == 1,
+           "the retry to wait on the dead request's key")
+lock.run("commit;")
+lock.close()
+answer = retry.wait()
+record(scenario, "transactional", [answer], effects("transactional", rcpt), 1, [201])
+
+# 6. The provider is down, then back.
+scenario = "provider down, then a retry"
+rcpt, key = new_key("acc"), new_key()
+provider.stop()
+down = post("lease", rcpt, key)
+provider = Provider(port=provider.port, name=f"provider-{new_key('r')}").start()
+up = post("lease", rcpt, key)
+record(scenario, "lease", [down, up], effects("lease", rcpt), 1, [502, 201])
+
+# 7. A declined card, then a retry.
+key = new_key()
+first = post("lease", "decline", key)
+again = post("lease", "decline", key)
+t.ok(again.replayed and again.body == first.body, "the decline is replayed", again)
+record("card declined, then a retry", "lease", [first, again],
+       len(provider.charges(f"shop-1:{key}")), 0, [402, 402])
+
+# 8. The provider is slower than the timeout, then a retry.
+scenario = "provider slower than the timeout, then a retry"
+# With a new provider key per attempt, every retry is another slow charge
+# and the client never gets an answer.
+for strategy, expect, statuses in [("lease", 1, [504, 201]),
+                                   ("fresh provider key", 2, [504, 504]),
+                                   ("naive", 2, [504, 504])]:
+    key = new_key()
+    before = charges_to("slow")
+    first = post(strategy, "slow", key, amount=4242)
+    wait_until(lambda: charges_to("slow") == before + 1, "the slow charge to be recorded")
+    retry = post(strategy, "slow", key, amount=4242)
+    if strategy != "lease":
+        wait_until(lambda: charges_to("slow") == before + 2, "the second slow charge")
+    record(scenario, strategy, [first, retry], charges_to("slow") - before, expect, statuses)
+
+# 9. A worker whose lease was taken over finishes late: its result is not
+# written. It is held up in the database (a psql session locks the payments
+# table its completion writes first) until its lease expires and a retry
+# takes the key over.
+scenario = "late worker after a take-over"
+rcpt, key = new_key("acc"), new_key()
+lock = PsqlSession()
+lock.run("begin; lock table payments in share mode;")
+
+
+def blocked_completions():
+    return int(sql_value("select count(*) from pg_stat_activity where wait_event = "
+                         "'relation' and query like '%payment_complete(%'"))
+
+
+def counter(name):
+    text = request(api.port, "GET", "/metrics").body.decode()
+    return int(re.search(rf"^{name} (\d+)$", text, re.M).group(1))
+
+
+fenced, takeovers = counter("idem_lease_fenced_total"), counter("idem_lease_takeovers_total")
+late = Background(post, "lease", rcpt, key)
+wait_until(lambda: blocked_completions() == 1, "the first worker to block on completion")
+wait_until(lambda: not key_row(key)["leased"], "the first worker's lease to expire")
+taker = Background(post, "lease", rcpt, key)
+wait_until(lambda: blocked_completions() == 2, "the retry to take over and block too")
+t.eq(key_row(key)["lease_id"], 2, f"{scenario}: the retry holds lease 2")
+lock.run("commit;")
+lock.close()
+a, b = late.wait(), taker.wait()
+t.ok(b.status == 201 and not b.replayed, f"{scenario}: the new holder completes", b)
+t.ok(a.status == 409 or (a.status == 201 and a.replayed and a.body == b.body),
+     f"{scenario}: the late worker answers what the key holds (409 or the replay)", a)
+t.eq(key_row(key)["response"], b.body.decode(), f"{scenario}: the key holds the new holder's response")
+t.eq(int(sql_value(f"select count(*) from payments where idem_key = {quote(key)}")), 1,
+     f"{scenario}: one payment row")
+t.ok("its late result was not written" in api.read_log(), f"{scenario}: the API logged it")
+t.eq((counter("idem_lease_fenced_total") - fenced,
+      counter("idem_lease_takeovers_total") - takeovers), (1, 1),
+     f"{scenario}: /metrics counts the take-over and the fenced result")
+record(scenario, "lease", [a, b], effects("lease", rcpt), 1, [a.status, 201])
+
+api.stop()
+provider.stop()
+
+# One block per scenario, in the order they first ran.
+order = {}
+for row in table:
+    order.setdefault(row[0], len(order))
+table.sort(key=lambda row: order[row[0]])
+width = [max(len(row[i]) for row in table + [("scenario", "strategy", "client saw",
+                                               "effect")]) for i in range(4)]
+lines = ["| " + " | ".join(h.ljust(w) for h, w in zip(
+    ("scenario", "strategy", "client saw", "effect"), width)) + " |",
+    "|" + "|".join("-" * (w + 2) for w in width) + "|"]
+lines += ["| " + " | ".join(c.ljust(w) for c, w in zip(row, width)) + " |" for row in table]
+print("\n".join(lines), file=sys.stderr)
+t.done()
