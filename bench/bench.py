@@ -9,10 +9,11 @@ import re
 import statistics
 import subprocess
 import sys
+import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "tests", "lib"))
-from harness import DB_URL, TMP, Api, post, sql  # noqa: E402
+from harness import DB_URL, TMP, Api, Provider, concurrently, new_key, post, sql  # noqa: E402
 
 SECONDS = int(os.environ.get("BENCH_SECONDS", "10"))
 CONNECTIONS = int(os.environ.get("BENCH_CONNECTIONS", "32"))
@@ -43,7 +44,7 @@ def pgbench(script, seconds=SECONDS):
     for f in glob.glob(prefix + "*"):
         os.unlink(f)
     out = subprocess.run(
-        ["pgbench", "-n", "-c", str(CONNECTIONS), "-j", str(THREADS),
+        ["pgbench", "-n", "-M", "extended", "-c", str(CONNECTIONS), "-j", str(THREADS),
          "-T", str(seconds), "-f", os.path.join(ROOT, "bench", script),
          "-l", f"--log-prefix={prefix}", DB_URL],
         check=True, capture_output=True, text=True).stdout
@@ -69,22 +70,57 @@ def row(name, r, ceiling=None):
     return (f"| {name} | {r['rps']:,.0f} | {r['p50']:.2f} | {r['p99']:.2f} | {ratio} |")
 
 
-def main():
-    api = Api(name="bench-api").start()
-    sql("insert into idempotency_keys (client_id, idem_key, operation, fingerprint,"
-        " status, status_code, response, finished_at) values ('shop-1', 'bench-lookup',"
-        " 'orders.create', repeat('a', 64), 'done', 201, '{\"order_id\":1}', now())"
-        " on conflict do nothing")
+def pss_mib(api):
+    total = 0
+    for pid in [api.proc.pid] + api.workers():
+        with open(f"/proc/{pid}/smaps_rollup") as f:
+            total += int(re.search(r"^Pss:\s+(\d+) kB", f.read(), re.M).group(1))
+    return total / 1024.0
 
+
+def payment_burst(n=200):
+    """n payments with distinct keys at once, the provider thinking 300 ms:
+    the seconds until the last one answered."""
+    provider = Provider(name="bench-provider-300", IDEM_PROVIDER_LATENCY_MS=300).start()
+    api = Api(name="bench-api-300", IDEM_PROVIDER_URL=provider.url).start()
+    keys = iter([new_key("burst") for _ in range(n)])
+    started = time.monotonic()
+    answers = concurrently(n, lambda: post(api.port, "/v1/payments", {
+        "amount": 100, "currency": "RUB", "recipient": "acc-burst"}, key=next(keys)))
+    elapsed = time.monotonic() - started
+    api.stop()
+    provider.stop()
+    return elapsed, sum(1 for r in answers if r.status == 201)
+
+
+def main():
+    provider = Provider(name="bench-provider", IDEM_PROVIDER_LATENCY_MS=0).start()
+    api = Api(name="bench-api", IDEM_PROVIDER_URL=provider.url).start()
+    for key, op in (("bench-lookup", "orders.create"), ("bench-payment", "payments.create")):
+        sql("insert into idempotency_keys (client_id, idem_key, operation, fingerprint,"
+            f" status, status_code, response, finished_at) values ('shop-1', '{key}',"
+            f" '{op}', repeat('a', 64), 'done', 201, '{{\"order_id\":1}}', now())"
+            " on conflict do nothing")
+
+    post(api.port, "/v1/orders", {"customer_id": "c-replay", "amount": 150000,
+                                  "currency": "RUB"}, key="bench-replay-order")
+    post(api.port, "/v1/payments", {"amount": 10000, "currency": "RUB",
+                                    "recipient": "acc-replay"}, key="bench-replay-payment")
     wrk(api.port, "orders_fresh.lua", seconds=3)
     results = {
         "api_fresh": wrk(api.port, "orders_fresh.lua"),
         "api_replay": wrk(api.port, "orders_replay.lua"),
+        "api_pay": wrk(api.port, "payments_fresh.lua"),
+        "api_pay_replay": wrk(api.port, "payments_replay.lua"),
         "db_fresh": pgbench("order_create.sql"),
         "db_lookup": pgbench("key_lookup.sql"),
+        "db_pay": pgbench("payment.sql"),
+        "db_pay_replay": pgbench("payment_replay.sql"),
     }
-    rss = peak_rss_mib(api)
+    rss, pss = peak_rss_mib(api), pss_mib(api)
     api.stop()
+    provider.stop()
+    burst, burst_ok = payment_burst()
 
     cpu = ""
     with open("/proc/cpuinfo") as f:
@@ -93,20 +129,32 @@ def main():
 
     lines = [
         f"{os.cpu_count()} CPUs ({cpu}), {CONNECTIONS} connections, {SECONDS} s per run,"
-        f" API with 2 workers, PostgreSQL 15 on the same machine.",
+        " API with 2 workers (8 database connections each), PostgreSQL 15 with default"
+        " settings on the same machine, prod build. Ceilings run the same SQL under"
+        " pgbench (extended protocol) at the same concurrency.",
         "",
         "| run | req/s | p50 ms | p99 ms | ratio to ceiling |",
         "|---|---:|---:|---:|---:|",
-        row("ceiling: `order_create()` under pgbench", results["db_fresh"]),
-        row("API `POST /v1/orders`, fresh keys (wrk)", results["api_fresh"],
-            results["db_fresh"]),
-        row("ceiling: single-row key lookup under pgbench", results["db_lookup"]),
-        row("API `POST /v1/orders`, replays of one key (wrk)", results["api_replay"],
+        row("ceiling: `order_create()`", results["db_fresh"]),
+        row("API `POST /v1/orders`, fresh keys", results["api_fresh"], results["db_fresh"]),
+        row("ceiling: single-row key lookup", results["db_lookup"]),
+        row("API `POST /v1/orders`, replays of one key", results["api_replay"],
             results["db_lookup"]),
+        row("ceiling: reserve + provider charge + complete", results["db_pay"]),
+        row("API `POST /v1/payments`, fresh keys, provider latency 0", results["api_pay"],
+            results["db_pay"]),
+        row("ceiling: `payment_reserve()` on a finished key", results["db_pay_replay"]),
+        row("API `POST /v1/payments`, replays of one key", results["api_pay_replay"],
+            results["db_pay_replay"]),
         "",
-        f"API peak resident memory (parent + workers, VmHWM): {rss:.1f} MiB.",
+        f"200 concurrent payments with distinct keys, provider thinking 300 ms:"
+        f" {burst_ok} of 200 created, the last answered after {burst:.2f} s.",
+        "",
+        f"API resident memory after the runs: peak RSS summed over parent and workers"
+        f" (VmHWM, counts shared libraries once per process) {rss:.1f} MiB;"
+        f" proportional set size (PSS) {pss:.1f} MiB.",
     ]
-    for name in ("api_fresh", "api_replay"):
+    for name in ("api_fresh", "api_replay", "api_pay", "api_pay_replay"):
         r = results[name]
         if r["non2xx"] or r["socket_errors"]:
             lines.append(f"WARNING {name}: {r['non2xx']} non-2xx, socket errors: "

@@ -20,6 +20,29 @@ comment on table payments is
 
 create index if not exists payments_key on payments (client_id, idem_key);
 
+-- What the row of an existing key answers to another attempt: mismatch,
+-- replayed (done), in_flight (its lease holds) or expired (it may be taken
+-- over). No row when the key is new.
+create or replace function payment_answer(p_client text, p_key text,
+    p_operation text, p_fingerprint text)
+returns table (outcome text, lease_id bigint, status_code int,
+    response text, retry_after int)
+language sql stable as $$
+	select case when k.operation <> p_operation or
+		    k.fingerprint <> p_fingerprint then 'mismatch'
+		    when k.status = 'done' then 'replayed'
+		    when k.locked_until >= now() then 'in_flight'
+		    else 'expired' end,
+	       k.lease_id, k.status_code, k.response,
+	       greatest(1, ceil(extract(epoch from
+		   k.locked_until - now())))::int
+	  from idempotency_keys k
+	 where k.client_id = p_client and k.idem_key = p_key;
+$$;
+
+comment on function payment_answer(text, text, text, text) is
+    'The state of an existing key as payment_reserve() answers it.';
+
 -- Takes the key for one attempt: inserts it in_progress with a lease, or
 -- takes over a row whose lease expired (its worker died, or gave the lease
 -- back) if it is the same request. Otherwise says why not.
@@ -32,6 +55,14 @@ language plpgsql as $$
 declare
 	v_lease		bigint;
 begin
+	-- A retry that can be answered from the row is answered without the
+	-- upsert below, which would lock the row (and serialise replays).
+	return query select * from payment_answer(p_client, p_key, p_operation,
+	    p_fingerprint) a where a.outcome <> 'expired';
+	if found then
+		return;
+	end if;
+
 	insert into idempotency_keys as k (client_id, idem_key, operation,
 	    fingerprint, status, lease_id, locked_until, request)
 	values (p_client, p_key, p_operation, p_fingerprint, 'in_progress', 1,
@@ -51,15 +82,9 @@ begin
 		return;
 	end if;
 
-	return query
-	select case when k.operation <> p_operation or
-		    k.fingerprint <> p_fingerprint then 'mismatch'
-		    when k.status = 'in_progress' then 'in_flight'
-		    else 'replayed' end,
-	       k.lease_id, k.status_code, k.response,
-	       greatest(1, ceil(extract(epoch from k.locked_until - now())))::int
-	  from idempotency_keys k
-	 where k.client_id = p_client and k.idem_key = p_key;
+	-- Another attempt took or finished the key meanwhile.
+	return query select * from payment_answer(p_client, p_key, p_operation,
+	    p_fingerprint);
 end;
 $$;
 

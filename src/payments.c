@@ -231,6 +231,12 @@ payment_decide(struct http_request *req)
 		return (HTTP_STATE_COMPLETE);
 	}
 
+	if (strcmp(outcome, "reserved") && strcmp(outcome, "taken_over")) {
+		kore_log(LOG_ERR, "payment_reserve answered '%s'", outcome);
+		return (idem_fail(req, PROBLEM_INTERNAL, "the key is in an "
+		    "unexpected state; retry with the same Idempotency-Key"));
+	}
+
 	(void)kore_strlcpy(p->lease_id, db_call_value(&r->db, 1),
 	    sizeof(p->lease_id));
 
