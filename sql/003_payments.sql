@@ -31,7 +31,7 @@ language sql stable as $$
 	select case when k.operation <> p_operation or
 		    k.fingerprint <> p_fingerprint then 'mismatch'
 		    when k.status = 'done' then 'replayed'
-		    when k.locked_until >= now() then 'in_flight'
+		    when k.locked_until > now() then 'in_flight'
 		    else 'expired' end,
 	       k.lease_id, k.status_code, k.response,
 	       greatest(1, ceil(extract(epoch from
@@ -70,7 +70,7 @@ begin
 	on conflict (client_id, idem_key) do update
 	   set lease_id = k.lease_id + 1,
 	       locked_until = now() + make_interval(secs => p_lease_seconds)
-	 where k.status = 'in_progress' and k.locked_until < now()
+	 where k.status = 'in_progress' and k.locked_until <= now()
 	   and k.operation = excluded.operation
 	   and k.fingerprint = excluded.fingerprint
 	returning k.lease_id into v_lease;
@@ -146,15 +146,15 @@ comment on function payment_complete(text, text, bigint, text, int, text) is
     'or a decline (p_problem) if p_lease still holds the key: completed. '
     'Otherwise writes nothing: fenced, with the key''s current state.';
 
--- Gives the lease back at once after a provider failure, keeping lease_id
--- so that a late worker of this attempt stays fenced.
+-- Gives the lease back at once after a provider failure (it ends now),
+-- keeping lease_id so that a late worker of this attempt stays fenced.
 create or replace function payment_release(p_client text, p_key text,
     p_lease bigint)
 returns boolean
 language plpgsql as $$
 begin
 	update idempotency_keys
-	   set locked_until = '-infinity'
+	   set locked_until = now()
 	 where client_id = p_client and idem_key = p_key
 	   and lease_id = p_lease and status = 'in_progress';
 	return found;

@@ -14,6 +14,7 @@
 
 #include "auth.h"
 #include "db.h"
+#include "jobs.h"
 #include "metrics.h"
 #include "problem.h"
 #include "provider_client.h"
@@ -74,12 +75,15 @@ kore_parent_configure(int argc, char **argv)
 int
 api_init(int state)
 {
-	if (state == KORE_MODULE_UNLOAD)
+	if (state == KORE_MODULE_UNLOAD) {
+		jobs_stop();
 		return (KORE_RESULT_OK);
+	}
 
 	db_register();
 	auth_init();
 	provider_client_init();
+	jobs_start();
 
 	return (KORE_RESULT_OK);
 }

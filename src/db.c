@@ -22,29 +22,38 @@
 
 static int	call_fail(struct db_call *);
 static void	call_check_connection(struct db_call *);
+static void	job_callback(struct kore_pgsql *, void *);
 
 void
 db_register(void)
 {
 	/* Registered again on a module reload, which is harmless. */
 	(void)kore_pgsql_register(DB_NAME, settings.database_url);
+	(void)kore_pgsql_register(DB_NAME_JOBS, settings.database_url);
 }
 
 void
 db_call_init(struct db_call *c, struct http_request *req)
 {
 	memset(c, 0, sizeof(*c));
+	c->dbname = DB_NAME;
 	kore_pgsql_init(&c->sql);
 	kore_pgsql_bind_request(&c->sql, req);
 }
 
+/*
+ * A call of a background job, which polls db_call_step() from a timer
+ * rather than waiting for a callback: Kore 4.1 does not call back when a
+ * connection is lost. A job makes one call at a time from its own pool,
+ * so it is never queued for a connection.
+ */
 void
-db_call_init_callback(struct db_call *c,
-    void (*cb)(struct kore_pgsql *, void *), void *arg)
+db_call_init_job(struct db_call *c)
 {
 	memset(c, 0, sizeof(*c));
+	c->dbname = DB_NAME_JOBS;
 	kore_pgsql_init(&c->sql);
-	kore_pgsql_bind_callback(&c->sql, cb, arg);
+	kore_pgsql_bind_callback(&c->sql, job_callback, NULL);
 }
 
 void
@@ -70,7 +79,7 @@ db_call_step(struct db_call *c, const char *query, int nparams,
 	for (;;) {
 		switch (c->phase) {
 		case DB_PHASE_SETUP:
-			if (!kore_pgsql_setup(&c->sql, DB_NAME,
+			if (!kore_pgsql_setup(&c->sql, c->dbname,
 			    KORE_PGSQL_ASYNC)) {
 				/* Queued for a free connection: woken later. */
 				if (c->sql.state == KORE_PGSQL_STATE_INIT)
@@ -210,4 +219,10 @@ call_check_connection(struct db_call *c)
 
 	kore_log(LOG_NOTICE, "reconnecting a broken database connection");
 	PQreset(conn);
+}
+
+static void
+job_callback(struct kore_pgsql *sql, void *arg)
+{
+	/* Jobs poll the state of their call; nothing to do here. */
 }

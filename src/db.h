@@ -11,7 +11,9 @@
 #include <kore/http.h>
 #include <kore/pgsql.h>
 
+/* Requests and background jobs draw from separate pools. */
 #define DB_NAME			"db"
+#define DB_NAME_JOBS		"jobs"
 
 #define DB_CALL_PENDING		1
 #define DB_CALL_DONE		2
@@ -25,6 +27,7 @@
 
 struct db_call {
 	struct kore_pgsql	sql;
+	const char		*dbname;
 	PGresult		*result;
 	int			phase;
 	int			error;
@@ -33,8 +36,7 @@ struct db_call {
 
 void		db_register(void);
 void		db_call_init(struct db_call *, struct http_request *);
-void		db_call_init_callback(struct db_call *,
-		    void (*)(struct kore_pgsql *, void *), void *);
+void		db_call_init_job(struct db_call *);
 void		db_call_cleanup(struct db_call *);
 int		db_call_step(struct db_call *, const char *, int,
 		    const char **);

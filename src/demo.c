@@ -123,7 +123,7 @@ naive_save(struct http_request *req)
 		return (idem_execute(req, NAIVE_SAVE_SQL, 5, params));
 	case PROVIDER_DECLINED:
 		kore_buf_init(&problem, 256);
-		payment_declined_body(req, &problem);
+		payment_declined_body(&p->call, &problem);
 		idem_respond(req, HTTP_STATUS_PAYMENT_REQUIRED, problem.data,
 		    problem.offset, 0);
 		kore_buf_cleanup(&problem);

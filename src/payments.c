@@ -30,11 +30,6 @@
 	"SELECT outcome, lease_id, status_code, response, retry_after "	\
 	"FROM payment_reserve($1, $2, $3, $4, $5::jsonb, $6::int)"
 
-#define COMPLETE_SQL							\
-	"SELECT outcome, status_code, response, status FROM "		\
-	"payment_complete($1, $2, $3::bigint, $4, $5::int, $6)"
-
-#define RELEASE_SQL		"SELECT payment_release($1, $2, $3::bigint)"
 
 static int	payment_reserve(struct http_request *);
 static int	payment_decide(struct http_request *);
@@ -43,7 +38,6 @@ static int	payment_respond(struct http_request *);
 static int	payment_respond_fenced(struct http_request *);
 static void	payment_free(void *);
 static void	provider_key(struct idem_request *, struct payment *);
-static void	provider_body(struct idem_request *, struct kore_buf *);
 
 const struct idem_field	payment_fields[] = {
 	{ "amount",	FIELD_AMOUNT,	1, 1 },
@@ -128,7 +122,8 @@ payment_charge(struct http_request *req)
 	if (!p->calling) {
 		provider_key(r, p);
 		kore_buf_init(&body, 128);
-		provider_body(r, &body);
+		payment_provider_body(&body, r->values[0], r->values[1],
+		    r->values[2]);
 		json = kore_buf_stringify(&body, &len);
 
 		p->call.req = req;
@@ -175,12 +170,34 @@ payment_fail_provider(struct http_request *req)
  * The saved outcome of a declined charge: a card-declined problem.
  */
 void
-payment_declined_body(struct http_request *req, struct kore_buf *buf)
+payment_declined_body(struct provider_call *call, struct kore_buf *buf)
 {
-	struct idem_request	*r = http_state_get(req);
-	struct payment		*p = r->extra;
+	problem_body(buf, PROBLEM_CARD_DECLINED, call->detail);
+}
 
-	problem_body(buf, PROBLEM_CARD_DECLINED, p->call.detail);
+/*
+ * The provider's Idempotency-Key for a client's key: the same for every
+ * attempt of one payment, whichever worker or process makes it.
+ */
+void
+payment_derived_key(char *out, size_t len, const char *client,
+    const char *key)
+{
+	(void)snprintf(out, len, "%s:%s", client, key);
+}
+
+/*
+ * The body of POST /v1/charges.
+ */
+void
+payment_provider_body(struct kore_buf *buf, const char *amount,
+    const char *currency, const char *recipient)
+{
+	kore_buf_appendf(buf, "{\"amount\":%s,\"currency\":", amount);
+	json_append_string(buf, currency, strlen(currency));
+	kore_buf_append(buf, ",\"recipient\":", 13);
+	json_append_string(buf, recipient, strlen(recipient));
+	kore_buf_append(buf, "}", 1);
 }
 
 static int
@@ -274,19 +291,19 @@ payment_settle(struct http_request *req)
 		params[3] = p->call.charge_id;
 		params[4] = "201";
 		params[5] = NULL;
-		return (idem_execute(req, COMPLETE_SQL, 6, params));
+		return (idem_execute(req, PAYMENT_COMPLETE_SQL, 6, params));
 	case PROVIDER_DECLINED:
 		kore_buf_init(&problem, 256);
-		payment_declined_body(req, &problem);
+		payment_declined_body(&p->call, &problem);
 		params[3] = NULL;
 		params[4] = "402";
 		params[5] = kore_buf_stringify(&problem, NULL);
-		ret = idem_execute(req, COMPLETE_SQL, 6, params);
+		ret = idem_execute(req, PAYMENT_COMPLETE_SQL, 6, params);
 		kore_buf_cleanup(&problem);
 		return (ret);
 	default:
 		p->released = 1;
-		return (idem_execute(req, RELEASE_SQL, 3, params));
+		return (idem_execute(req, PAYMENT_RELEASE_SQL, 3, params));
 	}
 }
 
@@ -353,9 +370,8 @@ payment_free(void *arg)
 }
 
 /*
- * The provider's Idempotency-Key: derived from the client's, so that every
- * attempt of one payment, whichever worker makes it, is the same charge.
- * The fresh-provider-key demo draws a new one per attempt instead.
+ * The provider's Idempotency-Key: derived from the client's, or, for the
+ * fresh-provider-key demo, a new random one per attempt.
  */
 static void
 provider_key(struct idem_request *r, struct payment *p)
@@ -365,8 +381,8 @@ provider_key(struct idem_request *r, struct payment *p)
 	size_t		i;
 
 	if (p->provider_key_kind == PROVIDER_KEY_DERIVED) {
-		(void)snprintf(p->provider_key, sizeof(p->provider_key),
-		    "%s:%s", r->client_id, r->key);
+		payment_derived_key(p->provider_key, sizeof(p->provider_key),
+		    r->client_id, r->key);
 		return;
 	}
 
@@ -376,14 +392,4 @@ provider_key(struct idem_request *r, struct payment *p)
 		(void)snprintf(hex + i * 2, 3, "%02x", random[i]);
 	(void)snprintf(p->provider_key, sizeof(p->provider_key), "fresh-%s",
 	    hex);
-}
-
-static void
-provider_body(struct idem_request *r, struct kore_buf *buf)
-{
-	kore_buf_appendf(buf, "{\"amount\":%s,\"currency\":", r->values[0]);
-	json_append_string(buf, r->values[1], strlen(r->values[1]));
-	kore_buf_append(buf, ",\"recipient\":", 13);
-	json_append_string(buf, r->values[2], strlen(r->values[2]));
-	kore_buf_append(buf, "}", 1);
 }

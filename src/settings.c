@@ -52,6 +52,8 @@ static const struct number_setting	numbers[] = {
 	{ "IDEM_CLEANUP_BATCH", &settings.cleanup_batch, 500, 1, 100000 },
 	{ "IDEM_RECOVERY_AFTER_SECONDS", &settings.recovery_after_seconds,
 	    300, 1, 7 * 86400 },
+	{ "IDEM_RECOVERY_INTERVAL_SECONDS", &settings.recovery_interval_seconds,
+	    10, 1, 86400 },
 	{ "IDEM_AUTH_CACHE_SECONDS", &settings.auth_cache_seconds,
 	    60, 0, 3600 },
 };

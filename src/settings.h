@@ -21,6 +21,7 @@ struct settings {
 	u_int32_t	cleanup_interval_seconds;
 	u_int32_t	cleanup_batch;
 	u_int32_t	recovery_after_seconds;
+	u_int32_t	recovery_interval_seconds;
 	u_int32_t	auth_cache_seconds;
 };
 

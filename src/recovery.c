@@ -1,0 +1,193 @@
+/*
+ * Recovery of abandoned payments: a payment still in_progress
+ * IDEM_RECOVERY_AFTER_SECONDS after its lease ended (its worker died, or
+ * its provider call failed, and the client never retried) is taken over as
+ * a retry would take it, charged with the same derived key (the provider
+ * answers with the charge it made, or makes it), and completed, so that a
+ * later retry gets the real result and the ledger matches the provider.
+ */
+
+#include <sys/types.h>
+
+#include <stdio.h>
+#include <string.h>
+
+#include "auth.h"
+#include "idem.h"
+#include "jobs.h"
+#include "metrics.h"
+#include "payments.h"
+#include "provider_client.h"
+#include "settings.h"
+
+#define CLAIM_SQL							\
+	"SELECT client_id, idem_key, lease_id, amount, currency, "	\
+	"recipient FROM payment_recover_claim($1::int, $2::int)"
+
+struct recovery {
+	char			client_id[AUTH_CLIENT_ID_MAX + 1];
+	char			key[IDEM_KEY_MAX + 1];
+	char			lease_id[24];
+	char			amount[24];
+	char			currency[4];
+	char			recipient[IDEM_ID_MAX + 1];
+	struct provider_call	call;
+	int			calling;
+	int			outcome;
+};
+
+static int	recovery_claim(struct job *);
+static int	recovery_take(struct job *);
+static int	recovery_charge(struct job *);
+static int	recovery_settle(struct job *);
+static int	recovery_finish(struct job *);
+
+static const struct job_step	recovery_steps[] = {
+	{ "claim an abandoned payment", recovery_claim },
+	{ "take it", recovery_take },
+	{ "charge with the derived key", recovery_charge },
+	{ "complete or release", recovery_settle },
+	{ "finish", recovery_finish },
+};
+
+struct job	recovery_job = {
+	.name = "recovery",
+	.steps = recovery_steps,
+	.nsteps = sizeof(recovery_steps) / sizeof(recovery_steps[0]),
+};
+
+static struct recovery	current;
+
+static int
+recovery_claim(struct job *job)
+{
+	const char	*params[2];
+	char		after[16], lease[16];
+
+	(void)snprintf(after, sizeof(after), "%u",
+	    settings.recovery_after_seconds);
+	(void)snprintf(lease, sizeof(lease), "%u", settings.lease_seconds);
+
+	params[0] = after;
+	params[1] = lease;
+
+	return (job_query(job, CLAIM_SQL, 2, params));
+}
+
+static int
+recovery_take(struct job *job)
+{
+	struct recovery		*r = &current;
+
+	if (db_call_rows(&job->db) == 0)
+		return (JOB_DONE);
+
+	memset(r, 0, sizeof(*r));
+	(void)kore_strlcpy(r->client_id, db_call_value(&job->db, 0),
+	    sizeof(r->client_id));
+	(void)kore_strlcpy(r->key, db_call_value(&job->db, 1), sizeof(r->key));
+	(void)kore_strlcpy(r->lease_id, db_call_value(&job->db, 2),
+	    sizeof(r->lease_id));
+	(void)kore_strlcpy(r->amount, db_call_value(&job->db, 3),
+	    sizeof(r->amount));
+	(void)kore_strlcpy(r->currency, db_call_value(&job->db, 4),
+	    sizeof(r->currency));
+	(void)kore_strlcpy(r->recipient, db_call_value(&job->db, 5),
+	    sizeof(r->recipient));
+	job_db_reset(job);
+
+	kore_log(LOG_NOTICE, "recovery: taking over abandoned payment %s:%s "
+	    "with lease %s", r->client_id, r->key, r->lease_id);
+
+	return (JOB_NEXT);
+}
+
+static int
+recovery_charge(struct job *job)
+{
+	struct recovery		*r = &current;
+	struct kore_buf		body;
+	const char		*json;
+	char			key[AUTH_CLIENT_ID_MAX + IDEM_KEY_MAX + 2];
+	size_t			len;
+
+	if (!r->calling) {
+		payment_derived_key(key, sizeof(key), r->client_id, r->key);
+		kore_buf_init(&body, 128);
+		payment_provider_body(&body, r->amount, r->currency,
+		    r->recipient);
+		json = kore_buf_stringify(&body, &len);
+		provider_call_start(&r->call, key, json, len);
+		kore_buf_cleanup(&body);
+		r->calling = 1;
+	}
+
+	if (!r->call.done)
+		return (JOB_WAIT);
+
+	r->outcome = provider_call_outcome(&r->call);
+
+	return (JOB_NEXT);
+}
+
+static int
+recovery_settle(struct job *job)
+{
+	struct recovery		*r = &current;
+	struct kore_buf		problem;
+	const char		*params[6];
+	int			ret;
+
+	params[0] = r->client_id;
+	params[1] = r->key;
+	params[2] = r->lease_id;
+
+	switch (r->outcome) {
+	case PROVIDER_CHARGED:
+		params[3] = r->call.charge_id;
+		params[4] = "201";
+		params[5] = NULL;
+		return (job_query(job, PAYMENT_COMPLETE_SQL, 6, params));
+	case PROVIDER_DECLINED:
+		kore_buf_init(&problem, 256);
+		payment_declined_body(&r->call, &problem);
+		params[3] = NULL;
+		params[4] = "402";
+		params[5] = kore_buf_stringify(&problem, NULL);
+		ret = job_query(job, PAYMENT_COMPLETE_SQL, 6, params);
+		kore_buf_cleanup(&problem);
+		return (ret);
+	default:
+		return (job_query(job, PAYMENT_RELEASE_SQL, 3, params));
+	}
+}
+
+static int
+recovery_finish(struct job *job)
+{
+	struct recovery		*r = &current;
+
+	if (r->outcome == PROVIDER_CHARGED || r->outcome == PROVIDER_DECLINED) {
+		if (!strcmp(db_call_value(&job->db, 0), "completed")) {
+			metrics_count(COUNTER_PAYMENTS_RECOVERED, 1);
+			kore_log(LOG_NOTICE, "recovery: payment %s:%s completed "
+			    "with status %s", r->client_id, r->key,
+			    db_call_value(&job->db, 1));
+		} else {
+			metrics_count(COUNTER_LEASE_FENCED, 1);
+			kore_log(LOG_NOTICE, "recovery: payment %s:%s was taken "
+			    "over meanwhile; not written", r->client_id, r->key);
+		}
+	} else {
+		kore_log(LOG_NOTICE, "recovery: provider failed for %s:%s (%s); "
+		    "released for a later attempt", r->client_id, r->key,
+		    r->call.detail);
+	}
+
+	provider_call_cleanup(&r->call);
+	r->calling = 0;
+	job_db_reset(job);
+
+	/* The next abandoned payment, if any. */
+	return (JOB_AGAIN);
+}
