@@ -21,6 +21,7 @@
 #define DB_PHASE_FAILED		3
 
 static int	call_fail(struct db_call *);
+static void	call_release(struct db_call *);
 static void	call_check_connection(struct db_call *);
 static void	job_callback(struct kore_pgsql *, void *);
 
@@ -64,7 +65,7 @@ db_call_cleanup(struct db_call *c)
 		c->result = NULL;
 	}
 
-	kore_pgsql_cleanup(&c->sql);
+	call_release(c);
 }
 
 int
@@ -195,10 +196,25 @@ call_fail(struct db_call *c)
 		c->result = NULL;
 	}
 
-	kore_pgsql_cleanup(&c->sql);
+	call_release(c);
 	c->phase = DB_PHASE_FAILED;
 
 	return (DB_CALL_FAILED);
+}
+
+/*
+ * Gives the connection back to Kore's pool. When libpq has already closed
+ * the socket of a lost connection, Kore would ask epoll to forget fd -1 and
+ * die of the error (and try to cancel the query on it); closing the socket
+ * already took it out of epoll, so tell Kore the query is not scheduled.
+ */
+static void
+call_release(struct db_call *c)
+{
+	if (c->sql.conn != NULL && PQsocket(c->sql.conn->db) < 0)
+		c->sql.flags &= ~KORE_PGSQL_SCHEDULED;
+
+	kore_pgsql_cleanup(&c->sql);
 }
 
 /*

@@ -243,6 +243,22 @@ class PsqlSession:
         self.proc.wait(10)
 
 
+def cluster(action):
+    """Stops or starts the test's PostgreSQL cluster (scripts/lib.sh)."""
+    subprocess.run(["bash", "-c", f'. "{ROOT}/scripts/lib.sh"; cluster_{action} '
+                    '"$IDEM_TEST_PGDATA" "$IDEM_TEST_PGPORT"'], check=True)
+
+
+def metric(port, name, labels=""):
+    """The value of one metric line of GET /metrics."""
+    text = request(port, "GET", "/metrics").body.decode()
+    line = name + ("{" + labels + "}" if labels else "") + " "
+    for l in text.splitlines():
+        if l.startswith(line):
+            return float(l[len(line):])
+    raise KeyError(line)
+
+
 def waiting_backends(query_like):
     """Backends blocked on a lock while running a query like query_like."""
     return int(sql_value(

@@ -1,0 +1,58 @@
+"""Cleanup, shared by both strategies: finished keys older than the
+retention are deleted by the job; a retry after that is a new operation;
+in-progress keys stay."""
+
+import os
+import re
+import sys
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "lib"))
+from harness import (Api, Provider, Tap, key_row, new_key, quote, request,  # noqa: E402
+                     sql, sql_value, wait_until)
+
+t = Tap()
+provider = Provider().start()
+api = Api(IDEM_PROVIDER_URL=provider.url, IDEM_RETENTION_SECONDS=2,
+          IDEM_CLEANUP_INTERVAL_SECONDS=1, IDEM_CLEANUP_BATCH=3).start()
+
+
+def deleted():
+    text = request(api.port, "GET", "/metrics").body.decode()
+    return int(re.search(r"^idem_cleanup_deleted_keys_total (\d+)$", text, re.M).group(1))
+
+
+order = {"customer_id": "c-clean", "amount": 30000, "currency": "RUB"}
+keys = [new_key("clean") for _ in range(7)]
+first = {k: api.post("/v1/orders", order, key=k) for k in keys}
+pay_key = new_key("clean-pay")
+paid = api.post("/v1/payments", {"amount": 100, "currency": "RUB", "recipient": "acc-clean"},
+                key=pay_key)
+t.ok(all(r.status == 201 for r in first.values()) and paid.status == 201,
+     "seven orders and a payment are created")
+t.ok(all(key_row(k) is not None for k in keys), "their keys are saved")
+
+# A stuck in-progress payment, older than the retention.
+stuck = new_key("stuck")
+sql("insert into idempotency_keys (client_id, idem_key, operation, fingerprint, status,"
+    " lease_id, locked_until, request, created_at) values ('shop-1', "
+    f"{quote(stuck)}, 'payments.create', repeat('a', 64), 'in_progress', 1,"
+    " now() + interval '1 hour', '{}', now() - interval '1 day')")
+
+before = deleted()
+wait_until(lambda: all(key_row(k) is None for k in keys + [pay_key]),
+           "the cleanup job to delete the finished keys", timeout=30)
+t.ok(True, "after the retention the job deleted every finished key (in batches of 3)")
+t.ok(deleted() - before >= 8, "idem_cleanup_deleted_keys_total counts them",
+     deleted() - before)
+t.ok(key_row(stuck, "shop-1") is not None, "an in-progress key is not deleted")
+t.eq(int(sql_value("select count(*) from orders where customer_id = 'c-clean'")), 7,
+     "the business rows stay")
+
+again = api.post("/v1/orders", order, key=keys[0])
+t.ok(again.status == 201 and not again.replayed and
+     again.json()["order_id"] != first[keys[0]].json()["order_id"],
+     "a retry after the retention is a new operation", again)
+
+api.stop()
+provider.stop()
+t.done()

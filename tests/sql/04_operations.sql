@@ -1,0 +1,57 @@
+-- Cleanup of finished keys and the claim of abandoned payments.
+begin;
+select plan(14);
+
+insert into idempotency_keys (client_id, idem_key, operation, fingerprint,
+    status, status_code, response, created_at, finished_at)
+select 'shop-1', 'old-' || g, 'orders.create', repeat('a', 64), 'done', 201,
+       '{}', now() - interval '2 days', now() - interval '2 days'
+  from generate_series(1, 5) g;
+insert into idempotency_keys (client_id, idem_key, operation, fingerprint,
+    status, status_code, response, finished_at)
+values ('shop-1', 'fresh', 'orders.create', repeat('a', 64), 'done', 201, '{}',
+    now());
+insert into idempotency_keys (client_id, idem_key, operation, fingerprint,
+    status, lease_id, locked_until, request, created_at)
+values ('shop-1', 'stuck', 'payments.create', repeat('a', 64), 'in_progress', 1,
+    now() - interval '1 hour',
+    '{"amount":100,"currency":"RUB","recipient":"acc"}', now() - interval '2 days');
+
+select is(idempotency_cleanup(86400, 2), 2, 'cleanup deletes a batch of old finished keys');
+select is(idempotency_cleanup(86400, 2), 2, 'and the next batch');
+select is(idempotency_cleanup(86400, 2), 1, 'and the rest');
+select is(idempotency_cleanup(86400, 2), 0, 'then nothing');
+select ok(exists(select 1 from idempotency_keys where idem_key = 'fresh'),
+    'keys within the retention stay');
+select ok(exists(select 1 from idempotency_keys where idem_key = 'stuck'),
+    'in-progress keys are never deleted, however old');
+select is((select count(*)::int from idempotency_keys where idem_key like 'old-%'), 0,
+    'no old finished key is left');
+
+create temporary table claim as select * from payment_recover_claim(300, 30);
+select results_eq($$select idem_key, lease_id, amount, currency, recipient from claim$$,
+    $$values ('stuck'::text, 2::bigint, '100'::text, 'RUB'::text, 'acc'::text)$$,
+    'an abandoned payment is claimed with the next lease and its fields');
+select ok((select locked_until > now() from idempotency_keys where idem_key = 'stuck'),
+    'under a new lease');
+select is((select count(*)::int from payment_recover_claim(300, 30)), 0,
+    'a claimed payment is not claimed again');
+
+insert into idempotency_keys (client_id, idem_key, operation, fingerprint,
+    status, lease_id, locked_until, request)
+values ('shop-1', 'recent', 'payments.create', repeat('a', 64), 'in_progress', 1,
+    now() - interval '10 seconds', '{}'),
+       ('shop-1', 'demo', 'demo.fresh-provider-key', repeat('a', 64), 'in_progress', 1,
+    now() - interval '1 hour', '{}');
+select is((select count(*)::int from payment_recover_claim(300, 30)), 0,
+    'neither a lease that ended recently nor a demo payment is claimed');
+select is((select count(*)::int from payment_recover_claim(5, 30)), 1,
+    'with a shorter wait the recent one is');
+
+select is((select outcome from payment_complete('shop-1', 'stuck', 2, 'ch_x', 201, null)),
+    'completed', 'the recovery completes with its lease');
+select is((select status from idempotency_keys where idem_key = 'stuck'), 'done',
+    'and the payment is done');
+
+select * from finish();
+rollback;
