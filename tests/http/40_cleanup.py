@@ -7,8 +7,8 @@ import re
 import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "lib"))
-from harness import (Api, Provider, Tap, key_row, new_key, quote, request,  # noqa: E402
-                     sql, sql_value, wait_until)
+from harness import (Api, Provider, Tap, key_row, metric, new_key, quote,  # noqa: E402
+                     request, sql, sql_value, wait_until)
 
 t = Tap()
 provider = Provider().start()
@@ -54,5 +54,24 @@ t.ok(again.status == 201 and not again.replayed and
      "a retry after the retention is a new operation", again)
 
 api.stop()
+
+# Two instances clean at once: they share the work without conflict.
+sql("insert into idempotency_keys (client_id, idem_key, operation, fingerprint,"
+    " status, status_code, response, created_at, finished_at)"
+    " select 'shop-2', 'bulk-' || g, 'orders.create', repeat('a', 64), 'done', 201,"
+    " '{}', now() - interval '2 days', now() - interval '2 days'"
+    " from generate_series(1, 3000) g")
+pair = [Api(name=f"cleaner-{i}", IDEM_PROVIDER_URL=provider.url,
+            IDEM_CLEANUP_INTERVAL_SECONDS=1, IDEM_CLEANUP_BATCH=50).start()
+        for i in (1, 2)]
+wait_until(lambda: sql_value("select count(*) from idempotency_keys"
+                             " where idem_key like 'bulk-%'") == "0",
+           "two instances to delete 3000 old keys", timeout=60)
+counts = [metric(a.port, "idem_cleanup_deleted_keys_total") for a in pair]
+t.eq(sum(counts), 3000, f"two instances together deleted each key once ({counts})")
+t.ok(all("database call failed" not in a.read_log() for a in pair),
+     "neither instance saw a database error")
+for a in pair:
+    a.stop()
 provider.stop()
 t.done()

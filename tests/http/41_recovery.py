@@ -10,7 +10,7 @@ import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "lib"))
 from harness import (Api, Background, Provider, Tap, charges_to, key_row,  # noqa: E402
-                     new_key, quote, request, sql_value, wait_until)
+                     new_key, quote, request, sql, sql_value, wait_until)
 
 t = Tap()
 provider = Provider(IDEM_PROVIDER_LATENCY_MS=500).start()
@@ -65,5 +65,23 @@ t.eq(charges_to(rcpt), 1, "the recovery made the one charge")
 t.eq(key_row(key)["status_code"], "201", "and saved it")
 
 api.stop()
+
+# Ten abandoned payments, two instances recovering at once: each payment is
+# recovered by one of them, and charged once.
+recipients = [new_key("acc") for _ in range(10)]
+for i, rcpt in enumerate(recipients):
+    sql("insert into idempotency_keys (client_id, idem_key, operation, fingerprint,"
+        " status, lease_id, locked_until, request) values ('shop-2',"
+        f" 'abandoned-{i}', 'payments.create', repeat('a', 64), 'in_progress', 1,"
+        f" now() - interval '1 hour', '{{\"amount\":{100 + i},\"currency\":\"RUB\","
+        f"\"recipient\":\"{rcpt}\"}}')")
+pair = [Api(name=f"recoverer-{i}", **env).start() for i in (1, 2)]
+wait_until(lambda: sql_value("select count(*) from idempotency_keys where idem_key like"
+                             " 'abandoned-%' and status = 'done'") == "10",
+           "two instances to recover ten payments", timeout=60)
+t.eq([charges_to(r) for r in recipients], [1] * 10, "each abandoned payment charged once")
+t.eq(sum(recovered(a) for a in pair), 10, "and recovered once, by one instance or the other")
+for a in pair:
+    a.stop()
 provider.stop()
 t.done()

@@ -5,6 +5,7 @@ loopback, and psql against the throwaway database of `make test`.
 Only the Python standard library is used.
 """
 
+import atexit
 import hashlib
 import http.client
 import json
@@ -268,10 +269,30 @@ def waiting_backends(query_like):
 
 # --- processes --------------------------------------------------------------
 
+def alive(pid):
+    """True while pid runs (a zombie does not count)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
 def free_port():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+_running = []
+
+
+@atexit.register
+def _kill_leftovers():
+    """A test that dies half-way must not leave servers behind."""
+    for k in _running:
+        if k.proc is not None and k.proc.poll() is None:
+            k.kill9()
 
 
 class Kore:
@@ -298,6 +319,7 @@ class Kore:
         self.proc = subprocess.Popen(["kore", "-fnrc", self.conf], cwd=ROOT,
                                      env=self.env, stdout=self.log,
                                      stderr=subprocess.STDOUT)
+        _running.append(self)
         wait_until(lambda: self._ready(ready), f"{self.name} to answer")
         return self
 
@@ -319,30 +341,25 @@ class Kore:
 
     def kill9(self):
         """SIGKILL to the parent and every worker, as a crash would."""
-        for pid in [self.proc.pid] + self.workers():
+        pids = [self.proc.pid] + self.workers()
+        for pid in pids:
             try:
                 os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
         self.proc.wait(10)
-        wait_until(lambda: not self._any_worker_alive(),
-                   f"{self.name} workers to die")
-
-    def _any_worker_alive(self):
-        out = subprocess.run(["pgrep", "-f", self.conf], capture_output=True,
-                             text=True).stdout
-        return out.strip() != ""
+        wait_until(lambda: not any(alive(p) for p in pids), f"{self.name} to die")
 
     def stop(self):
         if self.proc is None or self.proc.poll() is not None:
             return
+        pids = [self.proc.pid] + self.workers()
         self.proc.send_signal(signal.SIGTERM)
         try:
             self.proc.wait(15)
         except subprocess.TimeoutExpired:
             self.kill9()
-        wait_until(lambda: not self._any_worker_alive(),
-                   f"{self.name} workers to exit")
+        wait_until(lambda: not any(alive(p) for p in pids), f"{self.name} to exit")
 
     def read_log(self):
         with open(self.logpath) as f:
