@@ -30,7 +30,7 @@ KORE_SECCOMP_FILTER("app",
 	KORE_SYSCALL_ALLOW(getdents64),
 	KORE_SYSCALL_ALLOW(clone3),
 	KORE_SYSCALL_ALLOW(rseq),
-	KORE_SYSCALL_ALLOW(getpeername),
+	KORE_SYSCALL_ALLOW(getpeername)
 );
 
 int	api_init(int);

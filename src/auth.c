@@ -161,6 +161,7 @@ cache_find(const char *hash, char *client_id)
 		if (strcmp(e->token_sha256, hash))
 			continue;
 
+		/* cppcheck-suppress uninitvar */
 		if (e->expires <= kore_time_ms()) {
 			TAILQ_REMOVE(b, e, list);
 			kore_free(e);

@@ -36,6 +36,7 @@ struct json_value {
 	int			integer;
 
 	size_t			count;
+	/* cppcheck-suppress syntaxError */
 	TAILQ_HEAD(, json_value) children;
 	TAILQ_ENTRY(json_value)	list;
 };

@@ -44,7 +44,9 @@ t.ok(f'"charge_id":"{charge}"' in row["response"], "with the charge the provider
 t.eq(charges_to(rcpt), 1, "the provider still holds one charge")
 t.eq(sql_value(f"select charge_id from payments where idem_key = {quote(key)}"), charge,
      "the payments ledger matches the provider")
-t.ok(recovered(api) >= 1, "idem_payments_recovered_total counts it")
+# The job counts and logs a recovery just after it commits.
+t.ok(wait_until(lambda: recovered(api) >= 1, "the recovery to be counted"),
+     "idem_payments_recovered_total counts it")
 t.ok("recovery: payment shop-1:" + key in api.read_log(), "the API logged it")
 
 retry = api.post("/v1/payments", {"amount": 2500, "currency": "EUR", "recipient": rcpt},
@@ -80,6 +82,7 @@ wait_until(lambda: sql_value("select count(*) from idempotency_keys where idem_k
                              " 'abandoned-%' and status = 'done'") == "10",
            "two instances to recover ten payments", timeout=60)
 t.eq([charges_to(r) for r in recipients], [1] * 10, "each abandoned payment charged once")
+wait_until(lambda: sum(recovered(a) for a in pair) >= 10, "the last recovery to be counted")
 t.eq(sum(recovered(a) for a in pair), 10, "and recovered once, by one instance or the other")
 for a in pair:
     a.stop()
