@@ -26,6 +26,12 @@
 #include "routes.h"
 #include "settings.h"
 
+#define PAYMENT_COMPLETE_SQL						\
+	"SELECT outcome, status_code, response, status FROM "		\
+	"payment_complete($1, $2, $3::bigint, $4, $5::int, $6)"
+
+#define PAYMENT_RELEASE_SQL	"SELECT payment_release($1, $2, $3::bigint)"
+
 #define RESERVE_SQL							\
 	"SELECT outcome, lease_id, status_code, response, retry_after "	\
 	"FROM payment_reserve($1, $2, $3, $4, $5::jsonb, $6::int)"
@@ -176,6 +182,35 @@ payment_declined_body(struct provider_call *call, struct kore_buf *buf)
 }
 
 /*
+ * The call that settles an attempt: complete with a charge or a decline,
+ * or release after a failure. params[0..2] hold the client, the key and
+ * the lease; the rest is filled here, a decline's body into problem.
+ */
+const char *
+payment_settle_sql(struct provider_call *call, int outcome,
+    const char **params, int *nparams, struct kore_buf *problem)
+{
+	switch (outcome) {
+	case PROVIDER_CHARGED:
+		params[3] = call->charge_id;
+		params[4] = "201";
+		params[5] = NULL;
+		*nparams = 6;
+		return (PAYMENT_COMPLETE_SQL);
+	case PROVIDER_DECLINED:
+		payment_declined_body(call, problem);
+		params[3] = NULL;
+		params[4] = "402";
+		params[5] = kore_buf_stringify(problem, NULL);
+		*nparams = 6;
+		return (PAYMENT_COMPLETE_SQL);
+	default:
+		*nparams = 3;
+		return (PAYMENT_RELEASE_SQL);
+	}
+}
+
+/*
  * The provider's Idempotency-Key for a client's key: the same for every
  * attempt of one payment, whichever worker or process makes it.
  */
@@ -279,32 +314,21 @@ payment_settle(struct http_request *req)
 	struct idem_request	*r = http_state_get(req);
 	struct payment		*p = r->extra;
 	struct kore_buf		problem;
-	const char		*params[6];
-	int			ret;
+	const char		*params[6], *sql;
+	int			n, ret;
 
 	params[0] = r->client_id;
 	params[1] = r->key;
 	params[2] = p->lease_id;
 
-	switch (p->outcome) {
-	case PROVIDER_CHARGED:
-		params[3] = p->call.charge_id;
-		params[4] = "201";
-		params[5] = NULL;
-		return (idem_execute(req, PAYMENT_COMPLETE_SQL, 6, params));
-	case PROVIDER_DECLINED:
-		kore_buf_init(&problem, 256);
-		payment_declined_body(&p->call, &problem);
-		params[3] = NULL;
-		params[4] = "402";
-		params[5] = kore_buf_stringify(&problem, NULL);
-		ret = idem_execute(req, PAYMENT_COMPLETE_SQL, 6, params);
-		kore_buf_cleanup(&problem);
-		return (ret);
-	default:
-		p->released = 1;
-		return (idem_execute(req, PAYMENT_RELEASE_SQL, 3, params));
-	}
+	kore_buf_init(&problem, 256);
+	sql = payment_settle_sql(&p->call, p->outcome, params, &n, &problem);
+	p->released = (p->outcome == PROVIDER_FAILED ||
+	    p->outcome == PROVIDER_TIMED_OUT);
+	ret = idem_execute(req, sql, n, params);
+	kore_buf_cleanup(&problem);
+
+	return (ret);
 }
 
 static int

@@ -12,12 +12,6 @@
 #include "idem.h"
 #include "provider_client.h"
 
-#define PAYMENT_COMPLETE_SQL						\
-	"SELECT outcome, status_code, response, status FROM "		\
-	"payment_complete($1, $2, $3::bigint, $4, $5::int, $6)"
-
-#define PAYMENT_RELEASE_SQL	"SELECT payment_release($1, $2, $3::bigint)"
-
 /* How the provider's Idempotency-Key is made. */
 #define PROVIDER_KEY_DERIVED	0
 #define PROVIDER_KEY_FRESH	1
@@ -42,6 +36,8 @@ struct payment	*payment_start(struct http_request *, int,
 int		payment_charge(struct http_request *);
 int		payment_fail_provider(struct http_request *);
 void		payment_declined_body(struct provider_call *, struct kore_buf *);
+const char	*payment_settle_sql(struct provider_call *, int, const char **,
+		    int *, struct kore_buf *);
 void		payment_derived_key(char *, size_t, const char *, const char *);
 void		payment_provider_body(struct kore_buf *, const char *,
 		    const char *, const char *);

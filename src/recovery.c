@@ -135,31 +135,19 @@ recovery_settle(struct job *job)
 {
 	struct recovery		*r = &current;
 	struct kore_buf		problem;
-	const char		*params[6];
-	int			ret;
+	const char		*params[6], *sql;
+	int			n, ret;
 
 	params[0] = r->client_id;
 	params[1] = r->key;
 	params[2] = r->lease_id;
 
-	switch (r->outcome) {
-	case PROVIDER_CHARGED:
-		params[3] = r->call.charge_id;
-		params[4] = "201";
-		params[5] = NULL;
-		return (job_query(job, PAYMENT_COMPLETE_SQL, 6, params));
-	case PROVIDER_DECLINED:
-		kore_buf_init(&problem, 256);
-		payment_declined_body(&r->call, &problem);
-		params[3] = NULL;
-		params[4] = "402";
-		params[5] = kore_buf_stringify(&problem, NULL);
-		ret = job_query(job, PAYMENT_COMPLETE_SQL, 6, params);
-		kore_buf_cleanup(&problem);
-		return (ret);
-	default:
-		return (job_query(job, PAYMENT_RELEASE_SQL, 3, params));
-	}
+	kore_buf_init(&problem, 256);
+	sql = payment_settle_sql(&r->call, r->outcome, params, &n, &problem);
+	ret = job_query(job, sql, n, params);
+	kore_buf_cleanup(&problem);
+
+	return (ret);
 }
 
 static int

@@ -28,7 +28,9 @@ def hold(table):
     return s
 
 
-def duplicate_waits_then_replays(path, body, table, function):
+def first_held_then_duplicate(path, body, table, function):
+    """The first request blocked behind the held table, its duplicate
+    waiting on the first's key."""
     key = new_key()
     lock = hold(table)
     first = Background(api.post, path, body, key=key)
@@ -37,6 +39,11 @@ def duplicate_waits_then_replays(path, body, table, function):
     dup = Background(api.post, path, body, key=key)
     wait_until(lambda: blocked(function, "transactionid") == 1,
                "the duplicate to wait on the first's key")
+    return key, lock, first, dup
+
+
+def duplicate_waits_then_replays(path, body, table, function):
+    key, lock, first, dup = first_held_then_duplicate(path, body, table, function)
     t.ok(not first.done() and not dup.done(),
          f"{path}: while the first transaction is open neither has answered")
     lock.run("commit;")
@@ -50,14 +57,7 @@ def duplicate_waits_then_replays(path, body, table, function):
 
 
 def duplicate_does_the_work_when_the_first_dies(path, body, table, function):
-    key = new_key()
-    lock = hold(table)
-    first = Background(api.post, path, body, key=key)
-    wait_until(lambda: blocked(function, "relation") == 1,
-               "the first request to block on the held table")
-    dup = Background(api.post, path, body, key=key)
-    wait_until(lambda: blocked(function, "transactionid") == 1,
-               "the duplicate to wait on the first's key")
+    key, lock, first, dup = first_held_then_duplicate(path, body, table, function)
 
     pid = sql_value("select pid from pg_stat_activity where wait_event = 'relation'"
                     f" and query like {quote('%' + function + '(%')}")
