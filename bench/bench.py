@@ -16,12 +16,23 @@ sys.path.insert(0, os.path.join(ROOT, "tests", "lib"))
 from harness import DB_URL, TMP, Api, Provider, concurrently, new_key, post, sql  # noqa: E402
 
 SECONDS = int(os.environ.get("BENCH_SECONDS", "10"))
+WARMUP = int(os.environ.get("BENCH_WARMUP_SECONDS", "5"))
 CONNECTIONS = int(os.environ.get("BENCH_CONNECTIONS", "32"))
 THREADS = 2
 UNITS = {"us": 1e-3, "ms": 1.0, "s": 1e3}
 
 
-def wrk(port, script, seconds=SECONDS):
+def quiesce():
+    """Each run starts from a quiet database: the previous run's dead rows
+    vacuumed and its dirty pages written, not competing with it."""
+    sql("vacuum analyze")
+    sql("checkpoint")
+
+
+def wrk(port, script, seconds=SECONDS, warmup=True):
+    quiesce()
+    if warmup:
+        wrk(port, script, WARMUP, warmup=False)
     out = subprocess.run(
         ["wrk", f"-t{THREADS}", f"-c{CONNECTIONS}", f"-d{seconds}s", "--latency",
          "-s", os.path.join(ROOT, "bench", script), f"http://127.0.0.1:{port}"],
@@ -39,7 +50,10 @@ def wrk(port, script, seconds=SECONDS):
             "socket_errors": errors.group(1) if errors else ""}
 
 
-def pgbench(script, seconds=SECONDS):
+def pgbench(script, seconds=SECONDS, warmup=True):
+    quiesce()
+    if warmup:
+        pgbench(script, WARMUP, warmup=False)
     prefix = os.path.join(TMP, f"pgbench-{os.path.basename(script)}")
     for f in glob.glob(prefix + "*"):
         os.unlink(f)
@@ -106,19 +120,22 @@ def main():
                                   "currency": "RUB"}, key="bench-replay-order")
     post(api.port, "/v1/payments", {"amount": 10000, "currency": "RUB",
                                     "recipient": "acc-replay"}, key="bench-replay-payment")
-    wrk(api.port, "orders_fresh.lua", seconds=3)
-    results = {
-        "api_fresh": wrk(api.port, "orders_fresh.lua"),
-        "api_replay": wrk(api.port, "orders_replay.lua"),
-        "api_pay": wrk(api.port, "payments_fresh.lua"),
-        "api_pay_replay": wrk(api.port, "payments_replay.lua"),
-        "db_fresh": pgbench("order_create.sql"),
-        "db_lookup": pgbench("key_lookup.sql"),
-        "db_pay": pgbench("payment.sql"),
-        "db_pay_replay": pgbench("payment_replay.sql"),
-    }
+    # Each ceiling runs just before the API on the same work, so that both
+    # meet tables of about the same size.
+    results = {}
+    for ceiling, script, api_run, lua in [
+            ("db_fresh", "order_create.sql", "api_fresh", "orders_fresh.lua"),
+            ("db_lookup", "key_lookup.sql", "api_replay", "orders_replay.lua"),
+            ("db_pay", "payment.sql", "api_pay", "payments_fresh.lua"),
+            ("db_pay_replay", "payment_replay.sql", "api_pay_replay",
+             "payments_replay.lua")]:
+        results[ceiling] = pgbench(script)
+        results[api_run] = wrk(api.port, lua)
     rss, pss = peak_rss_mib(api), pss_mib(api)
     api.stop()
+    os.makedirs(os.path.join(ROOT, "bench", "results"), exist_ok=True)
+    with open(os.path.join(ROOT, "bench", "results", "api.log"), "w") as f:
+        f.write(api.read_log())
     provider.stop()
     burst, burst_ok = payment_burst()
 
@@ -128,7 +145,8 @@ def main():
         cpu = m.group(1) if m else platform.processor()
 
     lines = [
-        f"{os.cpu_count()} CPUs ({cpu}), {CONNECTIONS} connections, {SECONDS} s per run,"
+        f"{os.cpu_count()} CPUs ({cpu}), {CONNECTIONS} connections, {SECONDS} s per run"
+        f" after {WARMUP} s of warm-up,"
         " API with 2 workers (8 database connections each), PostgreSQL 15 with default"
         " settings on the same machine, prod build. Ceilings run the same SQL under"
         " pgbench (extended protocol) at the same concurrency.",
