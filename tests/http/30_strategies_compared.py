@@ -22,8 +22,11 @@ from harness import (Api, Background, PsqlSession, Provider, Tap, charges_to,  #
                      wait_until)
 
 t = Tap()
-LEASE, TIMEOUT_MS = 4, 3000
-provider = Provider().start()
+LEASE, TIMEOUT_MS = 5, 4000
+# The provider thinks 1.5 s after recording a charge: the window in which
+# the test kills the API that is waiting for it.
+LATENCY_MS = 1500
+provider = Provider(IDEM_PROVIDER_LATENCY_MS=LATENCY_MS).start()
 env = {"IDEM_PROVIDER_URL": provider.url, "IDEM_LEASE_SECONDS": LEASE,
        "IDEM_PROVIDER_TIMEOUT_MS": TIMEOUT_MS}
 api = Api(**env).start()
@@ -161,7 +164,8 @@ scenario = "provider down, then a retry"
 rcpt, key = new_key("acc"), new_key()
 provider.stop()
 down = post("lease", rcpt, key)
-provider = Provider(port=provider.port, name=f"provider-{new_key('r')}").start()
+provider = Provider(port=provider.port, name=f"provider-{new_key('r')}",
+                    IDEM_PROVIDER_LATENCY_MS=LATENCY_MS).start()
 up = post("lease", rcpt, key)
 record(scenario, "lease", [down, up], effects("lease", rcpt), 1, [502, 201])
 

@@ -13,9 +13,9 @@ from harness import (Api, Background, Provider, Tap, charges_to, key_row,  # noq
                      new_key, quote, request, sql, sql_value, wait_until)
 
 t = Tap()
-provider = Provider(IDEM_PROVIDER_LATENCY_MS=500).start()
-env = {"IDEM_PROVIDER_URL": provider.url, "IDEM_LEASE_SECONDS": 2,
-       "IDEM_PROVIDER_TIMEOUT_MS": 1500, "IDEM_RECOVERY_AFTER_SECONDS": 1,
+provider = Provider(IDEM_PROVIDER_LATENCY_MS=1500).start()
+env = {"IDEM_PROVIDER_URL": provider.url, "IDEM_LEASE_SECONDS": 4,
+       "IDEM_PROVIDER_TIMEOUT_MS": 3000, "IDEM_RECOVERY_AFTER_SECONDS": 1,
        "IDEM_RECOVERY_INTERVAL_SECONDS": 1}
 api = Api(**env).start()
 
@@ -61,7 +61,7 @@ provider.stop()
 down = api.post("/v1/payments", {"amount": 900, "currency": "RUB", "recipient": rcpt}, key=key)
 t.eq(down.status, 502, "the provider down: 502")
 provider = Provider(port=provider.port, name="provider-back",
-                    IDEM_PROVIDER_LATENCY_MS=500).start()
+                    IDEM_PROVIDER_LATENCY_MS=1500).start()
 wait_until(lambda: key_row(key)["status"] == "done", "the recovery job to finish it")
 t.eq(charges_to(rcpt), 1, "the recovery made the one charge")
 t.eq(key_row(key)["status_code"], "201", "and saved it")
