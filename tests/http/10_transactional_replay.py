@@ -110,6 +110,14 @@ bkey, bfirst = retry_gets_identical_bytes_and_the_header(
     count_entries)
 t.eq(bfirst.json(), {"entry_id": bfirst.json()["entry_id"], "customer_id": "c-replay",
                      "points": -500, "balance": 1000}, "redeem answers the new balance")
+r = api.post("/v1/bonuses", {"customer_id": "c-replay", "points": -500, "reason": "redeem",
+                             "sent_at": "2026-11-30T10:00:00Z", "attempt": 3}, key=bkey)
+t.ok(r.status == 201 and r.replayed and r.body == bfirst.body,
+     "/v1/bonuses: fields outside the fingerprint do not change it", r)
+r = api.post("/v1/bonuses", {"customer_id": "c-replay", "points": -501, "reason": "redeem"},
+             key=bkey)
+t.eq(r.status, 422, "/v1/bonuses: same key, other points: 422")
+t.eq(count_entries(bkey), 1, "/v1/bonuses: the mismatch wrote nothing")
 
 # An insufficient balance is an outcome: saved, replayed, no ledger row.
 ikey = new_key()
