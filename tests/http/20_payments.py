@@ -134,6 +134,22 @@ t.ok(retry.status == 201 and retry.json()["charge_id"] == made[0]["charge_id"],
      "the retry gets 201 with that same charge", retry)
 t.eq(len(provider.charges(f"shop-1:{key}")), 1, "exactly one charge")
 
+# A client that hangs up while the provider thinks cuts its attempt: the key
+# keeps its lease, and the retry after the lease ends finishes the payment.
+key = new_key("pay")
+try:
+    api.post("/v1/payments", payment("acc-hangup"), key=key, timeout=0.3)
+    hung_up = False
+except OSError:
+    hung_up = True
+t.ok(hung_up, "the client hangs up before the answer")
+wait_until(lambda: key_row(key) is not None and not key_row(key)["leased"],
+           "the cut attempt's lease to end")
+t.eq(key_row(key)["status"], "in_progress", "the cut attempt saved nothing")
+retry = api.post("/v1/payments", payment("acc-hangup"), key=key)
+t.ok(retry.status == 201 and not retry.replayed, "the retry finishes the payment", retry)
+t.eq(charges_to("acc-hangup"), 1, "with one charge")
+
 # Bad input takes no key and charges nothing.
 key = new_key("pay")
 for bad, what in [({"amount": 100, "currency": "RUB"}, "no recipient"),
