@@ -64,6 +64,12 @@ recovery_claim(struct job *job)
 	const char	*params[2];
 	char		after[16], lease[16];
 
+	/* A round that stopped on a database error left its call behind. */
+	if (current.calling) {
+		provider_call_cleanup(&current.call);
+		current.calling = 0;
+	}
+
 	(void)snprintf(after, sizeof(after), "%u",
 	    settings.recovery_after_seconds);
 	(void)snprintf(lease, sizeof(lease), "%u", settings.lease_seconds);
