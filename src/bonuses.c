@@ -25,7 +25,6 @@
 
 static int	bonus_apply_execute(struct http_request *);
 static int	bonus_balance_execute(struct http_request *);
-static int	customer_id_valid(const char *);
 
 static const struct idem_field	bonus_fields[] = {
 	{ "customer_id",	FIELD_ID,	1, 1 },
@@ -80,7 +79,7 @@ bonus_balance(struct http_request *req)
 int
 v_customer_id(struct http_request *req, const void *data)
 {
-	return (customer_id_valid(data));
+	return (idem_id_valid(data, strlen(data)));
 }
 
 static int
@@ -114,7 +113,7 @@ bonus_balance_execute(struct http_request *req)
 		r->extra = kore_strdup(req->path + strlen(BONUS_PATH_PREFIX));
 		r->extra_free = kore_free;
 		if (!http_argument_urldecode(r->extra) ||
-		    !customer_id_valid(r->extra)) {
+		    !idem_id_valid(r->extra, strlen(r->extra))) {
 			return (idem_fail(req, PROBLEM_INVALID_REQUEST,
 			    "the customer id in the path must be 1 to 128 "
 			    "bytes without control characters"));
@@ -125,21 +124,4 @@ bonus_balance_execute(struct http_request *req)
 	params[1] = r->extra;
 
 	return (idem_execute(req, BONUS_BALANCE_SQL, 2, params));
-}
-
-static int
-customer_id_valid(const char *id)
-{
-	size_t		i, len;
-
-	len = strlen(id);
-	if (len < 1 || len > IDEM_ID_MAX)
-		return (KORE_RESULT_ERROR);
-
-	for (i = 0; i < len; i++) {
-		if ((u_int8_t)id[i] < 0x20 || id[i] == 0x7f)
-			return (KORE_RESULT_ERROR);
-	}
-
-	return (KORE_RESULT_OK);
 }

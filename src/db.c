@@ -151,12 +151,6 @@ db_call_length(struct db_call *c, int col)
 }
 
 int
-db_call_isnull(struct db_call *c, int col)
-{
-	return (PQgetisnull(c->result, 0, col));
-}
-
-int
 db_call_rows(struct db_call *c)
 {
 	return (c->result == NULL ? 0 : PQntuples(c->result));

@@ -42,7 +42,6 @@ int		db_call_step(struct db_call *, const char *, int,
 		    const char **);
 const char	*db_call_value(struct db_call *, int);
 int		db_call_length(struct db_call *, int);
-int		db_call_isnull(struct db_call *, int);
 int		db_call_rows(struct db_call *);
 
 #endif

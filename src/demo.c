@@ -40,11 +40,12 @@ static int	naive_save(struct http_request *);
 static int	naive_respond(struct http_request *);
 
 static const struct idem_operation	naive_operation = {
-	"demo.naive", ROUTE_DEMO_NAIVE, payment_fields, 4
+	"demo.naive", ROUTE_DEMO_NAIVE, payment_fields, PAYMENT_NFIELDS
 };
 
 static const struct idem_operation	fresh_key_operation = {
-	"demo.fresh-provider-key", ROUTE_DEMO_FRESH_KEY, payment_fields, 4
+	"demo.fresh-provider-key", ROUTE_DEMO_FRESH_KEY, payment_fields,
+	PAYMENT_NFIELDS
 };
 
 static struct http_state	naive_states[] = {
@@ -93,11 +94,8 @@ naive_decide(struct http_request *req)
 {
 	struct idem_request	*r = http_state_get(req);
 
-	if (db_call_rows(&r->db) == 1) {
-		idem_respond(req, (int)strtol(db_call_value(&r->db, 0), NULL,
-		    10), db_call_value(&r->db, 1), db_call_length(&r->db, 1), 1);
-		return (HTTP_STATE_COMPLETE);
-	}
+	if (db_call_rows(&r->db) == 1)
+		return (idem_respond_row(req, 0, 1, 1));
 
 	idem_db_reset(r);
 	req->fsm_state++;
@@ -136,12 +134,7 @@ naive_save(struct http_request *req)
 static int
 naive_respond(struct http_request *req)
 {
-	struct idem_request	*r = http_state_get(req);
-
-	idem_respond(req, (int)strtol(db_call_value(&r->db, 0), NULL, 10),
-	    db_call_value(&r->db, 1), db_call_length(&r->db, 1), 0);
-
-	return (HTTP_STATE_COMPLETE);
+	return (idem_respond_row(req, 0, 1, 0));
 }
 
 #endif

@@ -8,6 +8,7 @@
 #include <kore/kore.h>
 #include <kore/http.h>
 
+#include "idem.h"
 #include "json.h"
 #include "problem.h"
 #include "routes.h"
@@ -22,19 +23,10 @@ int
 dev_canonical_json(struct http_request *req)
 {
 	struct json_value	*v;
-	struct kore_buf		in, out;
-	ssize_t			n;
-	u_int8_t		chunk[4096];
+	struct kore_buf		out;
 	char			err[JSON_ERROR_LEN];
 
-	kore_buf_init(&in, 1024);
-	if (req->http_body != NULL) {
-		while ((n = http_body_read(req, chunk, sizeof(chunk))) > 0)
-			kore_buf_append(&in, chunk, n);
-	}
-
-	v = json_parse(in.data, in.offset, err, sizeof(err));
-	kore_buf_cleanup(&in);
+	v = idem_parse_body(req, err, sizeof(err));
 
 	if (v == NULL) {
 		problem_respond(req, PROBLEM_INVALID_JSON, "%s", err);

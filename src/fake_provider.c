@@ -118,10 +118,7 @@ charge_admit(struct http_request *req)
 	struct charge_request	*c = http_state_get(req);
 	struct json_value	*amount, *currency, *recipient;
 	const char		*key;
-	struct kore_buf		buf;
-	ssize_t			n;
 	int64_t			value;
-	u_int8_t		chunk[4096];
 	char			err[JSON_ERROR_LEN];
 
 	if (!http_request_header(req, "idempotency-key", &key) ||
@@ -133,13 +130,7 @@ charge_admit(struct http_request *req)
 	}
 	(void)kore_strlcpy(c->key, key, sizeof(c->key));
 
-	kore_buf_init(&buf, 256);
-	if (req->http_body != NULL) {
-		while ((n = http_body_read(req, chunk, sizeof(chunk))) > 0)
-			kore_buf_append(&buf, chunk, n);
-	}
-	c->body = json_parse(buf.data, buf.offset, err, sizeof(err));
-	kore_buf_cleanup(&buf);
+	c->body = idem_parse_body(req, err, sizeof(err));
 
 	amount = json_member(c->body, "amount");
 	currency = json_member(c->body, "currency");
@@ -149,8 +140,7 @@ charge_admit(struct http_request *req)
 	    value > IDEM_AMOUNT_MAX || currency == NULL ||
 	    currency->type != JSON_STRING || currency->len != 3 ||
 	    recipient == NULL || recipient->type != JSON_STRING ||
-	    recipient->len == 0 || recipient->len > IDEM_ID_MAX ||
-	    strlen(recipient->str) != recipient->len) {
+	    !idem_id_valid(recipient->str, recipient->len)) {
 		problem_respond(req, PROBLEM_INVALID_REQUEST, "send "
 		    "{\"amount\": minor units, \"currency\": \"XXX\", "
 		    "\"recipient\": \"...\"}");

@@ -25,7 +25,8 @@ static int	admit_media_type(struct http_request *);
 static int	admit_body(struct http_request *, struct idem_request *);
 static int	admit_fields(struct http_request *, struct idem_request *);
 static int	field_check(const struct idem_field *, struct json_value *);
-static int	text_check(struct json_value *, size_t, size_t, int);
+static int	text_valid(const char *, size_t, size_t, size_t, int);
+static int	key_parse(const char *, char *);
 static void	fingerprint(struct idem_request *);
 static int	problem_outcome(int);
 
@@ -148,7 +149,6 @@ idem_respond_outcome(struct http_request *req)
 {
 	struct idem_request	*r = http_state_get(req);
 	const char		*outcome;
-	int			status;
 
 	outcome = db_call_value(&r->db, 0);
 
@@ -158,11 +158,7 @@ idem_respond_outcome(struct http_request *req)
 		    "key for a new operation", r->key));
 	}
 
-	status = (int)strtol(db_call_value(&r->db, 1), NULL, 10);
-	idem_respond(req, status, db_call_value(&r->db, 2),
-	    db_call_length(&r->db, 2), !strcmp(outcome, "replayed"));
-
-	return (HTTP_STATE_COMPLETE);
+	return (idem_respond_row(req, 1, 2, !strcmp(outcome, "replayed")));
 }
 
 /*
@@ -183,11 +179,50 @@ idem_respond_read(struct http_request *req)
 }
 
 /*
+ * The request body read whole and parsed, or NULL with the reason in err.
+ */
+struct json_value *
+idem_parse_body(struct http_request *req, char *err, size_t errlen)
+{
+	struct json_value	*v;
+	struct kore_buf		buf;
+	ssize_t			n;
+	u_int8_t		chunk[4096];
+
+	kore_buf_init(&buf, 1024);
+	if (req->http_body != NULL) {
+		while ((n = http_body_read(req, chunk, sizeof(chunk))) > 0)
+			kore_buf_append(&buf, chunk, n);
+	}
+
+	if (buf.offset == 0) {
+		(void)kore_strlcpy(err, "the body is empty", errlen);
+		v = NULL;
+	} else {
+		v = json_parse(buf.data, buf.offset, err, errlen);
+	}
+
+	kore_buf_cleanup(&buf);
+
+	return (v);
+}
+
+/*
+ * An identifier (a customer, a recipient): 1 to 128 bytes without control
+ * characters.
+ */
+int
+idem_id_valid(const char *s, size_t len)
+{
+	return (text_valid(s, len, 1, IDEM_ID_MAX, 1));
+}
+
+/*
  * An Idempotency-Key is 1 to 255 visible ASCII characters, sent bare or as
  * an RFC 8941 string ("abc" means abc, with \" and \\ escapes).
  */
-int
-idem_key_parse(const char *value, char *out)
+static int
+key_parse(const char *value, char *out)
 {
 	size_t		len;
 	const char	*p;
@@ -252,6 +287,23 @@ idem_respond(struct http_request *req, int status, const void *body,
 	http_response(req, status, body, len);
 }
 
+/*
+ * Sends the status and body a SQL function returned in its row, in the
+ * given columns of r->db.
+ */
+int
+idem_respond_row(struct http_request *req, int status_col, int body_col,
+    int replayed)
+{
+	struct idem_request	*r = http_state_get(req);
+
+	idem_respond(req, (int)strtol(db_call_value(&r->db, status_col),
+	    NULL, 10), db_call_value(&r->db, body_col),
+	    db_call_length(&r->db, body_col), replayed);
+
+	return (HTTP_STATE_COMPLETE);
+}
+
 int
 idem_fail(struct http_request *req, int problem, const char *fmt, ...)
 {
@@ -309,7 +361,7 @@ admit_key(struct http_request *req, struct idem_request *r)
 		return (KORE_RESULT_ERROR);
 	}
 
-	if (!idem_key_parse(value, r->key)) {
+	if (!key_parse(value, r->key)) {
 		(void)idem_fail(req, PROBLEM_KEY_MALFORMED, "Idempotency-Key "
 		    "must be 1 to 255 visible ASCII characters, bare or as a "
 		    "quoted RFC 8941 string");
@@ -340,9 +392,6 @@ admit_media_type(struct http_request *req)
 static int
 admit_body(struct http_request *req, struct idem_request *r)
 {
-	struct kore_buf		buf;
-	ssize_t			n;
-	u_int8_t		chunk[4096];
 	char			err[JSON_ERROR_LEN];
 
 	if (req->content_length > IDEM_BODY_MAX) {
@@ -352,21 +401,7 @@ admit_body(struct http_request *req, struct idem_request *r)
 		return (KORE_RESULT_ERROR);
 	}
 
-	kore_buf_init(&buf, 1024);
-	if (req->http_body != NULL) {
-		while ((n = http_body_read(req, chunk, sizeof(chunk))) > 0)
-			kore_buf_append(&buf, chunk, n);
-	}
-
-	if (buf.offset == 0) {
-		kore_buf_cleanup(&buf);
-		(void)idem_fail(req, PROBLEM_INVALID_JSON, "the body is empty");
-		return (KORE_RESULT_ERROR);
-	}
-
-	r->body = json_parse(buf.data, buf.offset, err, sizeof(err));
-	kore_buf_cleanup(&buf);
-
+	r->body = idem_parse_body(req, err, sizeof(err));
 	if (r->body == NULL) {
 		(void)idem_fail(req, PROBLEM_INVALID_JSON, "%s", err);
 		return (KORE_RESULT_ERROR);
@@ -432,9 +467,10 @@ field_check(const struct idem_field *f, struct json_value *v)
 		    isupper((unsigned char)v->str[1]) &&
 		    isupper((unsigned char)v->str[2]));
 	case FIELD_ID:
-		return (text_check(v, 1, IDEM_ID_MAX, 1));
+		return (v->type == JSON_STRING && idem_id_valid(v->str, v->len));
 	case FIELD_TEXT:
-		return (text_check(v, 0, IDEM_TEXT_MAX, 0));
+		return (v->type == JSON_STRING &&
+		    text_valid(v->str, v->len, 0, IDEM_TEXT_MAX, 0));
 	default:
 		fatal("%s: unknown field kind %d", __func__, f->kind);
 	}
@@ -444,16 +480,16 @@ field_check(const struct idem_field *f, struct json_value *v)
  * PostgreSQL text cannot hold NUL; identifiers take no control characters.
  */
 static int
-text_check(struct json_value *v, size_t min, size_t max, int strict)
+text_valid(const char *s, size_t len, size_t min, size_t max, int strict)
 {
 	size_t		i;
 	u_int8_t	ch;
 
-	if (v->type != JSON_STRING || v->len < min || v->len > max)
+	if (len < min || len > max)
 		return (KORE_RESULT_ERROR);
 
-	for (i = 0; i < v->len; i++) {
-		ch = (u_int8_t)v->str[i];
+	for (i = 0; i < len; i++) {
+		ch = (u_int8_t)s[i];
 		if (ch == 0 || (strict && (ch < 0x20 || ch == 0x7f)))
 			return (KORE_RESULT_ERROR);
 	}

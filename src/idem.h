@@ -75,9 +75,11 @@ int	idem_execute(struct http_request *, const char *, int,
 int	idem_respond_outcome(struct http_request *);
 int	idem_respond_read(struct http_request *);
 
-int	idem_key_parse(const char *, char *);
+struct json_value	*idem_parse_body(struct http_request *, char *, size_t);
+int	idem_id_valid(const char *, size_t);
 void	idem_db_reset(struct idem_request *);
 void	idem_respond(struct http_request *, int, const void *, size_t, int);
+int	idem_respond_row(struct http_request *, int, int, int);
 int	idem_fail(struct http_request *, int, const char *, ...)
 	    __attribute__((format (printf, 3, 4)));
 int	idem_fail_db(struct http_request *, struct db_call *);

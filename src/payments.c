@@ -45,19 +45,15 @@ static int	payment_respond_fenced(struct http_request *);
 static void	payment_free(void *);
 static void	provider_key(struct idem_request *, struct payment *);
 
-const struct idem_field	payment_fields[] = {
+const struct idem_field	payment_fields[PAYMENT_NFIELDS] = {
 	{ "amount",	FIELD_AMOUNT,	1, 1 },
 	{ "currency",	FIELD_CURRENCY,	1, 1 },
 	{ "recipient",	FIELD_ID,	1, 1 },
 	{ "purpose",	FIELD_TEXT,	0, 1 },
 };
 
-const size_t	payment_nfields = sizeof(payment_fields) /
-		    sizeof(payment_fields[0]);
-
 static const struct idem_operation	payment_operation = {
-	"payments.create", ROUTE_PAYMENTS, payment_fields,
-	sizeof(payment_fields) / sizeof(payment_fields[0])
+	"payments.create", ROUTE_PAYMENTS, payment_fields, PAYMENT_NFIELDS
 };
 
 static struct http_state	payment_states[] = {
@@ -277,11 +273,8 @@ payment_decide(struct http_request *req)
 		    "with the same key", r->key, db_call_value(&r->db, 4)));
 	}
 
-	if (!strcmp(outcome, "replayed")) {
-		idem_respond(req, (int)strtol(db_call_value(&r->db, 2), NULL,
-		    10), db_call_value(&r->db, 3), db_call_length(&r->db, 3), 1);
-		return (HTTP_STATE_COMPLETE);
-	}
+	if (!strcmp(outcome, "replayed"))
+		return (idem_respond_row(req, 2, 3, 1));
 
 	if (strcmp(outcome, "reserved") && strcmp(outcome, "taken_over")) {
 		kore_log(LOG_ERR, "payment_reserve answered '%s'", outcome);
@@ -349,10 +342,7 @@ payment_respond(struct http_request *req)
 	if (!strcmp(db_call_value(&r->db, 0), "fenced"))
 		return (payment_respond_fenced(req));
 
-	idem_respond(req, (int)strtol(db_call_value(&r->db, 1), NULL, 10),
-	    db_call_value(&r->db, 2), db_call_length(&r->db, 2), 0);
-
-	return (HTTP_STATE_COMPLETE);
+	return (idem_respond_row(req, 1, 2, 0));
 }
 
 /*
@@ -370,11 +360,8 @@ payment_respond_fenced(struct http_request *req)
 	kore_log(LOG_NOTICE, "lease %s of %s:%s was taken over; its late "
 	    "result was not written", p->lease_id, r->client_id, r->key);
 
-	if (!strcmp(db_call_value(&r->db, 3), "done")) {
-		idem_respond(req, (int)strtol(db_call_value(&r->db, 1), NULL,
-		    10), db_call_value(&r->db, 2), db_call_length(&r->db, 2), 1);
-		return (HTTP_STATE_COMPLETE);
-	}
+	if (!strcmp(db_call_value(&r->db, 3), "done"))
+		return (idem_respond_row(req, 1, 2, 1));
 
 	http_response_header(req, "retry-after", "1");
 	return (idem_fail(req, PROBLEM_IN_PROGRESS, "another attempt with "

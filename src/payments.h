@@ -26,8 +26,9 @@ struct payment {
 	int			released;
 };
 
-extern const struct idem_field	payment_fields[];
-extern const size_t		payment_nfields;
+#define PAYMENT_NFIELDS		4
+
+extern const struct idem_field	payment_fields[PAYMENT_NFIELDS];
 
 int		payment_run(struct http_request *, int,
 		    const struct idem_operation *, int);

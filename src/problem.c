@@ -55,12 +55,6 @@ static const struct problem_type	problems[PROBLEM_MAX] = {
 	    "Internal server error" },
 };
 
-int
-problem_status(int problem)
-{
-	return (problems[problem].status);
-}
-
 const char *
 problem_title(int problem)
 {

@@ -31,7 +31,6 @@
 #define PROBLEM_CONTENT_TYPE	"application/problem+json"
 #define JSON_CONTENT_TYPE	"application/json"
 
-int		problem_status(int);
 const char	*problem_title(int);
 void	problem_type_url(int, char *, size_t);
 void	problem_body(struct kore_buf *, int, const char *);
