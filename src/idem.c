@@ -152,11 +152,8 @@ idem_respond_outcome(struct http_request *req)
 
 	outcome = db_call_value(&r->db, 0);
 
-	if (!strcmp(outcome, "mismatch")) {
-		return (idem_fail(req, PROBLEM_KEY_REUSED, "Idempotency-Key "
-		    "'%s' was first used with a different request; send a new "
-		    "key for a new operation", r->key));
-	}
+	if (!strcmp(outcome, "mismatch"))
+		return (idem_fail_mismatch(req));
 
 	return (idem_respond_row(req, 1, 2, !strcmp(outcome, "replayed")));
 }
@@ -319,6 +316,20 @@ idem_fail(struct http_request *req, int problem, const char *fmt, ...)
 	problem_respond(req, problem, "%s", detail);
 
 	return (HTTP_STATE_COMPLETE);
+}
+
+/*
+ * 422: the key was first used for another request (fingerprint or
+ * operation); nothing was executed.
+ */
+int
+idem_fail_mismatch(struct http_request *req)
+{
+	struct idem_request	*r = http_state_get(req);
+
+	return (idem_fail(req, PROBLEM_KEY_REUSED, "Idempotency-Key '%s' was "
+	    "first used with a different request; send a new key for a new "
+	    "operation", r->key));
 }
 
 int

@@ -82,6 +82,7 @@ void	idem_respond(struct http_request *, int, const void *, size_t, int);
 int	idem_respond_row(struct http_request *, int, int, int);
 int	idem_fail(struct http_request *, int, const char *, ...)
 	    __attribute__((format (printf, 3, 4)));
+int	idem_fail_mismatch(struct http_request *);
 int	idem_fail_db(struct http_request *, struct db_call *);
 
 #endif

@@ -259,11 +259,8 @@ payment_decide(struct http_request *req)
 
 	outcome = db_call_value(&r->db, 0);
 
-	if (!strcmp(outcome, "mismatch")) {
-		return (idem_fail(req, PROBLEM_KEY_REUSED, "Idempotency-Key "
-		    "'%s' was first used with a different request; send a new "
-		    "key for a new operation", r->key));
-	}
+	if (!strcmp(outcome, "mismatch"))
+		return (idem_fail_mismatch(req));
 
 	if (!strcmp(outcome, "in_flight")) {
 		http_response_header(req, "retry-after",
