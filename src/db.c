@@ -21,6 +21,7 @@
 #define DB_PHASE_FAILED		3
 
 static int	call_fail(struct db_call *);
+static int	call_has(struct db_call *, int);
 static void	call_release(struct db_call *);
 static void	call_check_connection(struct db_call *);
 static void	job_callback(struct kore_pgsql *, void *);
@@ -138,16 +139,41 @@ db_call_step(struct db_call *c, const char *query, int nparams,
 	}
 }
 
+/*
+ * A column of the call's first row. A call that returned no row (a key
+ * deleted between two statements) or fewer columns reads as "", so that
+ * no answer of the database can make a worker read past its result; the
+ * caller checks db_call_rows() where no row is a possible answer.
+ */
 const char *
 db_call_value(struct db_call *c, int col)
 {
+	if (!call_has(c, col))
+		return ("");
+
 	return (PQgetvalue(c->result, 0, col));
 }
 
 int
 db_call_length(struct db_call *c, int col)
 {
+	if (!call_has(c, col))
+		return (0);
+
 	return (PQgetlength(c->result, 0, col));
+}
+
+static int
+call_has(struct db_call *c, int col)
+{
+	if (c->result != NULL && PQntuples(c->result) > 0 && col >= 0 &&
+	    col < PQnfields(c->result))
+		return (1);
+
+	kore_log(LOG_ERR, "database call: no column %d in its result (%d rows)",
+	    col, c->result != NULL ? PQntuples(c->result) : 0);
+
+	return (0);
 }
 
 int
