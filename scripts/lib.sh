@@ -72,6 +72,12 @@ migrate() {
 	done
 }
 
-load_dev_clients() {
-	psql "$1" -X -q -v ON_ERROR_STOP=1 -f "$ROOT/dev/clients.sql"
+# Applies the dev data in dev/ in order, after the migrations: the dev
+# clients, the fake provider's schema and the demo strategies' SQL, none
+# of which belongs in a production database. Each is safe to apply twice.
+load_dev_data() {
+	local url=$1 f
+	for f in "$ROOT"/dev/*.sql; do
+		psql "$url" -X -q -v ON_ERROR_STOP=1 -f "$f"
+	done
 }

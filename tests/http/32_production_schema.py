@@ -1,0 +1,64 @@
+"""The migrations in sql/ are what a production database gets: applied alone
+to an empty database (twice, as a deployment may), they create the service's
+schema and nothing of the dev data set: no fake provider schema, no demo
+function, no dev clients. The dev data in dev/ adds exactly those."""
+
+import os
+import re
+import subprocess
+import sys
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "lib"))
+from harness import DB_URL, ROOT, Tap  # noqa: E402
+
+t = Tap()
+name = f"idem_schema_{os.getpid()}"
+admin = re.sub(r"dbname=\S+", "dbname=postgres", DB_URL)
+url = re.sub(r"dbname=\S+", f"dbname={name}", DB_URL)
+
+
+def psql(conninfo, query):
+    out = subprocess.run(["psql", conninfo, "-X", "-A", "-t", "-q", "-v", "ON_ERROR_STOP=1",
+                          "-c", query], check=True, capture_output=True, text=True).stdout
+    return out.strip()
+
+
+def lib(function):
+    """Runs a function of scripts/lib.sh (migrate, load_dev_data) on the database."""
+    return subprocess.run(["bash", "-c", f'. "{ROOT}/scripts/lib.sh"; {function} "$0"', url],
+                          capture_output=True, text=True)
+
+
+def count(query):
+    return int(psql(url, f"select count(*) from ({query}) q"))
+
+
+PROVIDER_SCHEMA = "select 1 from pg_namespace where nspname = 'provider'"
+DEMO_FUNCTIONS = "select 1 from pg_proc where proname like 'demo%'"
+DEV_CLIENTS = "select 1 from clients where client_id in ('shop-1', 'shop-2')"
+
+psql(admin, f"drop database if exists {name}")
+psql(admin, f"create database {name}")
+try:
+    first, second = lib("migrate"), lib("migrate")
+    t.ok(first.returncode == 0 and second.returncode == 0,
+         "sql/*.sql applies to an empty database, and again", first.stderr + second.stderr)
+    t.eq(count("select 1 from pg_tables where schemaname = 'public' and tablename in"
+               " ('clients', 'idempotency_keys', 'orders', 'payments')"), 4,
+         "the service's tables are there")
+    t.eq(count("select 1 from pg_proc where proname in ('payment_reserve',"
+               " 'payment_complete', 'payment_recover_claim')"), 3,
+         "and its lease functions")
+    t.eq(count(PROVIDER_SCHEMA), 0, "no provider schema (the fake provider's state)")
+    t.eq(count(DEMO_FUNCTIONS), 0, "no demo function (demo_naive_save)")
+    t.eq(count("select 1 from clients"), 0, "no client, dev or other")
+
+    dev = lib("load_dev_data")
+    t.ok(dev.returncode == 0 and lib("load_dev_data").returncode == 0,
+         "the dev data applies on top, and again", dev.stderr)
+    t.eq((count(PROVIDER_SCHEMA), count(DEMO_FUNCTIONS), count(DEV_CLIENTS)), (1, 1, 2),
+         "and adds the provider schema, the demo function and the dev clients")
+finally:
+    psql(admin, f"drop database if exists {name}")
+
+t.done()
