@@ -2,16 +2,21 @@
  * The fake payment provider: POST /v1/charges makes at most one charge per
  * Idempotency-Key, like a real provider, and thinks IDEM_PROVIDER_LATENCY_MS
  * before it answers. It records the charge first, then thinks, so that a
- * client that gave up waiting may well have been charged; a later call with
- * the same key answers at once with that charge.
+ * client that gave up waiting may well have been charged. Another request
+ * with the same key gets 409 at once while the first still thinks (a real
+ * provider is still processing it), and the charge once it has finished.
  *
  * Magic recipients, as in a card network's test mode: "decline" is refused
- * (402), "fail" breaks (500), "slow" thinks longer than the API's
- * provider timeout.
+ * (402), "reject" is refused for good (400, an invalid recipient), "fail"
+ * breaks (500), "slow" thinks longer than the API's provider timeout.
+ * Refusals and failures keep no charge. Every request is logged with the
+ * status it got (provider.requests), so that tests can count calls.
  */
 
 #include <sys/types.h>
 
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include <kore/kore.h>
@@ -25,17 +30,29 @@
 #include "settings.h"
 
 #define CHARGE_SQL							\
-	"SELECT created, charge_id, amount, currency, recipient FROM "	\
-	"provider.charge($1, $2::bigint, $3, $4)"
+	"SELECT status, created, charge_id, amount, retry_after FROM "	\
+	"provider.charge($1, $2::bigint, $3, $4, $5::int, $6::int)"
 
 #define CHARGES_OF_SQL		"SELECT provider.charges_of($1)"
 
 #define PROVIDER_KEY_MAX	512
 #define SLOW_EXTRA_MS		1000
 
-#define RECIPIENT_DECLINE	"decline"
-#define RECIPIENT_FAIL		"fail"
 #define RECIPIENT_SLOW		"slow"
+
+/* The steps of POST /v1/charges, in charge_states. */
+#define CHARGE_ADMIT		0
+#define CHARGE_RECORD		1
+#define CHARGE_THINK		2
+#define CHARGE_RESPOND		3
+
+/* The magic recipients that are refused: the status and the problem. */
+struct refusal {
+	const char	*recipient;
+	int		status;
+	int		problem;
+	const char	*detail;
+};
 
 struct charge_request {
 	struct db_call		db;
@@ -47,6 +64,17 @@ struct charge_request {
 	const char		*amount;
 	const char		*currency;
 	const char		*recipient;
+	const struct refusal	*refusal;
+	int			status;
+};
+
+static const struct refusal	refusals[] = {
+	{ "decline", HTTP_STATUS_PAYMENT_REQUIRED, PROBLEM_CARD_DECLINED,
+	    "the issuer declined the card (test recipient \"decline\")" },
+	{ "reject", HTTP_STATUS_BAD_REQUEST, PROBLEM_INVALID_REQUEST,
+	    "invalid recipient (test recipient \"reject\")" },
+	{ "fail", HTTP_STATUS_INTERNAL_ERROR, PROBLEM_INTERNAL,
+	    "the provider failed (test recipient \"fail\")" },
 };
 
 int	provider_init(int);
@@ -57,11 +85,15 @@ static int	charge_admit(struct http_request *);
 static int	charge_record(struct http_request *);
 static int	charge_think(struct http_request *);
 static int	charge_respond(struct http_request *);
+static void	charge_respond_created(struct http_request *,
+		    struct charge_request *);
 static int	charges_list(struct http_request *);
 static void	charge_free(struct http_request *);
 static void	think_done(void *, u_int64_t);
 static int	key_valid(const char *);
 static int	magic(struct charge_request *, const char *);
+static const struct refusal	*refusal_of(const char *);
+static u_int64_t	charge_think_ms(struct charge_request *);
 
 static struct http_state	charge_states[] = {
 	KORE_HTTP_STATE(charge_admit),
@@ -150,28 +182,37 @@ charge_admit(struct http_request *req)
 	c->amount = amount->str;
 	c->currency = currency->str;
 	c->recipient = recipient->str;
+	c->refusal = refusal_of(c->recipient);
 
-	/* Refused and broken charges are not recorded. */
-	if (magic(c, RECIPIENT_DECLINE) || magic(c, RECIPIENT_FAIL))
-		req->fsm_state += 2;
-	else
-		req->fsm_state++;
-
+	req->fsm_state = CHARGE_RECORD;
 	return (HTTP_STATE_CONTINUE);
 }
 
+/*
+ * One call decides and logs the answer: a refusal, a new charge, or what
+ * the key's charge answers now (409 while its first request thinks).
+ */
 static int
 charge_record(struct http_request *req)
 {
 	struct charge_request	*c = http_state_get(req);
-	const char		*params[4];
+	const char		*params[6];
+	char			refusal[8], think[24];
+
+	(void)snprintf(think, sizeof(think), "%llu",
+	    (unsigned long long)charge_think_ms(c));
+	if (c->refusal != NULL)
+		(void)snprintf(refusal, sizeof(refusal), "%d",
+		    c->refusal->status);
 
 	params[0] = c->key;
 	params[1] = c->amount;
 	params[2] = c->currency;
 	params[3] = c->recipient;
+	params[4] = c->refusal != NULL ? refusal : NULL;
+	params[5] = think;
 
-	switch (db_call_step(&c->db, CHARGE_SQL, 4, params)) {
+	switch (db_call_step(&c->db, CHARGE_SQL, 6, params)) {
 	case DB_CALL_PENDING:
 		return (HTTP_STATE_RETRY);
 	case DB_CALL_FAILED:
@@ -182,19 +223,19 @@ charge_record(struct http_request *req)
 		break;
 	}
 
-	if (strcmp(db_call_value(&c->db, 2), c->amount) ||
-	    strcmp(db_call_value(&c->db, 3), c->currency) ||
-	    strcmp(db_call_value(&c->db, 4), c->recipient)) {
-		problem_respond(req, PROBLEM_KEY_REUSED, "this Idempotency-Key "
-		    "was used for a charge with other parameters");
+	if (db_call_rows(&c->db) != 1) {
+		problem_respond(req, PROBLEM_DATABASE_UNAVAILABLE,
+		    "the provider's database answered no row");
 		return (HTTP_STATE_COMPLETE);
 	}
 
-	/* A charge already made is answered at once. */
-	if (!strcmp(db_call_value(&c->db, 0), "t"))
-		req->fsm_state++;
+	c->status = (int)strtol(db_call_value(&c->db, 0), NULL, 10);
+
+	/* A new charge and a refusal are answered after thinking. */
+	if (c->refusal != NULL || !strcmp(db_call_value(&c->db, 1), "t"))
+		req->fsm_state = CHARGE_THINK;
 	else
-		req->fsm_state += 2;
+		req->fsm_state = CHARGE_RESPOND;
 
 	return (HTTP_STATE_CONTINUE);
 }
@@ -205,17 +246,9 @@ charge_think(struct http_request *req)
 	struct charge_request	*c = http_state_get(req);
 	u_int64_t		ms;
 
-	if (c->thought) {
-		req->fsm_state++;
-		return (HTTP_STATE_CONTINUE);
-	}
-
-	ms = settings.provider_latency_ms;
-	if (magic(c, RECIPIENT_SLOW))
-		ms += settings.provider_timeout_ms + SLOW_EXTRA_MS;
-
-	if (ms == 0) {
-		req->fsm_state++;
+	ms = charge_think_ms(c);
+	if (c->thought || ms == 0) {
+		req->fsm_state = CHARGE_RESPOND;
 		return (HTTP_STATE_CONTINUE);
 	}
 
@@ -232,37 +265,53 @@ static int
 charge_respond(struct http_request *req)
 {
 	struct charge_request	*c = http_state_get(req);
+
+	if (c->refusal != NULL) {
+		problem_respond(req, c->refusal->problem, "%s",
+		    c->refusal->detail);
+		return (HTTP_STATE_COMPLETE);
+	}
+
+	switch (c->status) {
+	case HTTP_STATUS_CREATED:
+		charge_respond_created(req, c);
+		break;
+	case HTTP_STATUS_CONFLICT:
+		http_response_header(req, "retry-after",
+		    db_call_value(&c->db, 4));
+		problem_respond(req, PROBLEM_IN_PROGRESS, "a request with this "
+		    "Idempotency-Key is still being processed; retry in %s s",
+		    db_call_value(&c->db, 4));
+		break;
+	default:
+		problem_respond(req, PROBLEM_KEY_REUSED, "this Idempotency-Key "
+		    "was used for a charge with other parameters");
+		break;
+	}
+
+	return (HTTP_STATE_COMPLETE);
+}
+
+static void
+charge_respond_created(struct http_request *req, struct charge_request *c)
+{
 	struct kore_buf		buf;
 
-	if (magic(c, RECIPIENT_DECLINE)) {
-		problem_respond(req, PROBLEM_CARD_DECLINED,
-		    "the issuer declined the card (test recipient \"decline\")");
-		return (HTTP_STATE_COMPLETE);
-	}
-
-	if (magic(c, RECIPIENT_FAIL)) {
-		problem_respond(req, PROBLEM_INTERNAL,
-		    "the provider failed (test recipient \"fail\")");
-		return (HTTP_STATE_COMPLETE);
-	}
-
-	if (!strcmp(db_call_value(&c->db, 0), "f"))
+	if (strcmp(db_call_value(&c->db, 1), "t"))
 		http_response_header(req, "idempotent-replayed", "true");
 
 	kore_buf_init(&buf, 128);
 	kore_buf_append(&buf, "{\"charge_id\":", 13);
-	json_append_string(&buf, db_call_value(&c->db, 1),
-	    db_call_length(&c->db, 1));
+	json_append_string(&buf, db_call_value(&c->db, 2),
+	    db_call_length(&c->db, 2));
 	kore_buf_appendf(&buf, ",\"amount\":%s,\"currency\":",
-	    db_call_value(&c->db, 2));
+	    db_call_value(&c->db, 3));
 	json_append_string(&buf, c->currency, strlen(c->currency));
 	kore_buf_append(&buf, "}", 1);
 
 	http_response_header(req, "content-type", JSON_CONTENT_TYPE);
 	http_response(req, HTTP_STATUS_CREATED, buf.data, buf.offset);
 	kore_buf_cleanup(&buf);
-
-	return (HTTP_STATE_COMPLETE);
 }
 
 static int
@@ -290,6 +339,12 @@ charges_list(struct http_request *req)
 		return (KORE_RESULT_OK);
 	default:
 		break;
+	}
+
+	if (db_call_rows(&c->db) != 1) {
+		problem_respond(req, PROBLEM_DATABASE_UNAVAILABLE,
+		    "the provider's database answered no row");
+		return (KORE_RESULT_OK);
 	}
 
 	http_response_header(req, "content-type", JSON_CONTENT_TYPE);
@@ -344,4 +399,33 @@ static int
 magic(struct charge_request *c, const char *recipient)
 {
 	return (!strcmp(c->recipient, recipient));
+}
+
+static const struct refusal *
+refusal_of(const char *recipient)
+{
+	size_t		i;
+
+	for (i = 0; i < sizeof(refusals) / sizeof(refusals[0]); i++) {
+		if (!strcmp(refusals[i].recipient, recipient))
+			return (&refusals[i]);
+	}
+
+	return (NULL);
+}
+
+/*
+ * How long a request that made a charge or is refused thinks: "slow"
+ * thinks past the API's provider timeout.
+ */
+static u_int64_t
+charge_think_ms(struct charge_request *c)
+{
+	u_int64_t	ms;
+
+	ms = settings.provider_latency_ms;
+	if (magic(c, RECIPIENT_SLOW))
+		ms += settings.provider_timeout_ms + SLOW_EXTRA_MS;
+
+	return (ms);
 }

@@ -1,7 +1,7 @@
 -- The SQL of the lease strategy: reserve, take-over, complete, release and
--- the fencing rule; and the fake provider's one charge per key.
+-- the fencing rule; and the fake provider's one charge per key and its 409.
 begin;
-select plan(36);
+select plan(42);
 
 create temporary table r1 as select * from payment_reserve('shop-1', 'p-1',
     'payments.create', repeat('a', 64),
@@ -92,15 +92,38 @@ select is((select count(*)::int from payments where idem_key = 'p-2'), 0,
 select is((select outcome from payment_reserve('shop-2', 'p-1', 'payments.create',
     repeat('a', 64), '{}', 30)), 'reserved', 'the same key of another client is its own');
 
--- The fake provider: one charge per key.
-create temporary table ch as select * from provider.charge('k-1', 100, 'RUB', 'acc');
-select is((select created from ch), true, 'the provider charges a new key');
-select results_eq($$select created, charge_id from provider.charge('k-1', 100, 'RUB', 'acc')$$,
-    $$select false, charge_id from ch$$, 'and answers the same charge for it again');
+-- The fake provider: one charge per key, and a 409 while the request that
+-- made it still thinks (here 60 s).
+create temporary table ch as select * from provider.charge('k-1', 100, 'RUB', 'acc',
+    null, 60000);
+select results_eq($$select status, created from ch$$, $$values (201, true)$$,
+    'the provider charges a new key');
+select results_eq($$select status, charge_id, retry_after between 59 and 60
+    from provider.charge('k-1', 100, 'RUB', 'acc', null, 0)$$,
+    $$values (409, (select charge_id from ch), true)$$,
+    'the same key while its first request thinks: 409, retry when it is done');
+update provider.charges set answered_at = now() - interval '1 second'
+ where idempotency_key = 'k-1';
+select results_eq($$select status, created, charge_id
+    from provider.charge('k-1', 100, 'RUB', 'acc', null, 0)$$,
+    $$select 201, false, charge_id from ch$$,
+    'once it has answered, the same key gets the same charge again');
+select is((select status from provider.charge('k-1', 999, 'RUB', 'acc', null, 0)), 422,
+    'the same key with other parameters: 422');
 select is((select count(*)::int from provider.charges where idempotency_key = 'k-1'), 1,
     'one charge row');
 select is((provider.charges_of('k-1')::jsonb -> 'charges' -> 0 ->> 'charge_id'),
     (select charge_id from ch), 'charges_of lists it');
+select results_eq($$select status, created, charge_id
+    from provider.charge('k-2', 100, 'RUB', 'reject', 400, 0)$$,
+    $$values (400, false, null::text)$$, 'a refusal is answered as asked');
+select is((select count(*)::int from provider.charges where idempotency_key = 'k-2'), 0,
+    'and keeps no charge');
+select results_eq($$select status from provider.requests where idempotency_key = 'k-1'
+    order by request_id$$, $$values (201), (409), (201), (422)$$,
+    'every call of a key is logged with its answer');
+select results_eq($$select status from provider.requests where idempotency_key = 'k-2'$$,
+    $$values (400)$$, 'refusals too');
 
 select * from finish();
 rollback;
