@@ -111,19 +111,19 @@ naive_save(struct http_request *req)
 	struct kore_buf		problem;
 	const char		*params[5];
 
-	switch (p->outcome) {
-	case PROVIDER_CHARGED:
+	switch (p->answer->class) {
+	case PROVIDER_SUCCESS:
 		params[0] = r->client_id;
 		params[1] = r->key;
 		params[2] = r->fingerprint;
 		params[3] = (const char *)r->canonical.data;
 		params[4] = p->call.charge_id;
 		return (idem_execute(req, NAIVE_SAVE_SQL, 5, params));
-	case PROVIDER_DECLINED:
+	case PROVIDER_REFUSED:
 		kore_buf_init(&problem, 256);
-		payment_declined_body(&p->call, &problem);
-		idem_respond(req, HTTP_STATUS_PAYMENT_REQUIRED, problem.data,
-		    problem.offset, 0);
+		payment_refusal_body(&p->call, p->answer, &problem);
+		idem_respond(req, problem_status(p->answer->problem),
+		    problem.data, problem.offset, 0);
 		kore_buf_cleanup(&problem);
 		return (HTTP_STATE_COMPLETE);
 	default:

@@ -6,6 +6,8 @@
  *
  *   reserve -> decide -> charge (provider) -> settle (complete | release)
  *
+ * What each answer of the provider does is one table, provider_answer.c.
+ *
  * No database connection or transaction is held during the provider call.
  */
 
@@ -139,9 +141,9 @@ payment_charge(struct http_request *req)
 		return (HTTP_STATE_RETRY);
 	}
 
-	p->outcome = provider_call_outcome(&p->call);
-	if (p->outcome == PROVIDER_FAILED || p->outcome == PROVIDER_TIMED_OUT) {
-		kore_log(LOG_NOTICE, "provider call for %s:%s failed: %s",
+	p->answer = provider_answer_classify(&p->call);
+	if (!provider_answer_saved(p->answer)) {
+		kore_log(LOG_NOTICE, "provider call for %s:%s not finished: %s",
 		    r->client_id, r->key, p->call.detail);
 	}
 
@@ -150,60 +152,85 @@ payment_charge(struct http_request *req)
 }
 
 /*
- * 502 or 504 after a failed provider call: nothing was saved, and a retry
- * with the same key can go on at once.
+ * The answers that release the lease: nothing was saved, and a retry with
+ * the same key can go on. A provider still processing the same key (after
+ * an attempt that timed out) gets a 409 with its own Retry-After; a
+ * failure a 502 or 504.
  */
 int
 payment_fail_provider(struct http_request *req)
 {
 	struct idem_request	*r = http_state_get(req);
 	struct payment		*p = r->extra;
+	char			after[16];
 
-	if (p->outcome == PROVIDER_TIMED_OUT) {
-		return (idem_fail(req, PROBLEM_PROVIDER_TIMEOUT, "%s; retry with "
-		    "the same Idempotency-Key", p->call.detail));
+	if (p->answer->class == PROVIDER_BUSY) {
+		(void)snprintf(after, sizeof(after), "%u", p->call.retry_after);
+		http_response_header(req, "retry-after", after);
+		return (idem_fail(req, PROBLEM_IN_PROGRESS, "the payment "
+		    "provider is still processing an earlier attempt with "
+		    "Idempotency-Key '%s'; retry in %s s with the same key",
+		    r->key, after));
 	}
 
-	return (idem_fail(req, PROBLEM_PROVIDER_UNAVAILABLE, "%s; retry with the "
-	    "same Idempotency-Key", p->call.detail));
+	return (idem_fail(req, p->answer->problem, "%s; retry with the same "
+	    "Idempotency-Key", p->call.detail));
 }
 
 /*
- * The saved outcome of a declined charge: a card-declined problem.
+ * The saved outcome of a refusal: card-declined or payment-rejected, with
+ * the provider's reason.
  */
 void
-payment_declined_body(struct provider_call *call, struct kore_buf *buf)
+payment_refusal_body(struct provider_call *call,
+    const struct provider_answer *answer, struct kore_buf *buf)
 {
-	problem_body(buf, PROBLEM_CARD_DECLINED, call->detail);
+	problem_body(buf, answer->problem, call->detail);
 }
 
 /*
- * The call that settles an attempt: complete with a charge or a decline,
- * or release after a failure. params[0..2] hold the client, the key and
- * the lease; the rest is filled here, a decline's body into problem.
+ * The call that settles an attempt of the given client, key and lease: a
+ * success or a refusal is completed (saved), any other answer releases.
  */
-const char *
-payment_settle_sql(struct provider_call *call, int outcome,
-    const char **params, int *nparams, struct kore_buf *problem)
+void
+payment_settle_init(struct payment_settle *s, struct provider_call *call,
+    const struct provider_answer *answer, const char *client,
+    const char *key, const char *lease)
 {
-	switch (outcome) {
-	case PROVIDER_CHARGED:
-		params[3] = call->charge_id;
-		params[4] = "201";
-		params[5] = NULL;
-		*nparams = 6;
-		return (PAYMENT_COMPLETE_SQL);
-	case PROVIDER_DECLINED:
-		payment_declined_body(call, problem);
-		params[3] = NULL;
-		params[4] = "402";
-		params[5] = kore_buf_stringify(problem, NULL);
-		*nparams = 6;
-		return (PAYMENT_COMPLETE_SQL);
+	s->params[0] = client;
+	s->params[1] = key;
+	s->params[2] = lease;
+	kore_buf_init(&s->problem, 256);
+
+	switch (answer->class) {
+	case PROVIDER_SUCCESS:
+		s->params[3] = call->charge_id;
+		s->params[4] = "201";
+		s->params[5] = NULL;
+		s->nparams = 6;
+		s->sql = PAYMENT_COMPLETE_SQL;
+		break;
+	case PROVIDER_REFUSED:
+		payment_refusal_body(call, answer, &s->problem);
+		(void)snprintf(s->status, sizeof(s->status), "%d",
+		    problem_status(answer->problem));
+		s->params[3] = NULL;
+		s->params[4] = s->status;
+		s->params[5] = kore_buf_stringify(&s->problem, NULL);
+		s->nparams = 6;
+		s->sql = PAYMENT_COMPLETE_SQL;
+		break;
 	default:
-		*nparams = 3;
-		return (PAYMENT_RELEASE_SQL);
+		s->nparams = 3;
+		s->sql = PAYMENT_RELEASE_SQL;
+		break;
 	}
+}
+
+void
+payment_settle_cleanup(struct payment_settle *s)
+{
+	kore_buf_cleanup(&s->problem);
 }
 
 /*
@@ -257,6 +284,17 @@ payment_decide(struct http_request *req)
 	struct payment		*p = r->extra;
 	const char		*outcome;
 
+	/*
+	 * No row: the cleanup deleted the key between the statements of
+	 * payment_reserve(). Nothing was taken; a retry takes it anew.
+	 */
+	if (db_call_rows(&r->db) == 0) {
+		http_response_header(req, "retry-after", "1");
+		return (idem_fail(req, PROBLEM_IN_PROGRESS, "Idempotency-Key "
+		    "'%s' changed while this request took it; retry with the "
+		    "same key", r->key));
+	}
+
 	outcome = db_call_value(&r->db, 0);
 
 	if (!strcmp(outcome, "mismatch"))
@@ -295,28 +333,22 @@ payment_decide(struct http_request *req)
 }
 
 /*
- * A charge or a decline is saved (complete); a failure gives the lease
- * back (release). Either only with the lease this attempt took.
+ * A charge or a refusal is saved (complete); any other answer gives the
+ * lease back (release). Either only with the lease this attempt took.
  */
 static int
 payment_settle(struct http_request *req)
 {
 	struct idem_request	*r = http_state_get(req);
 	struct payment		*p = r->extra;
-	struct kore_buf		problem;
-	const char		*params[6], *sql;
-	int			n, ret;
+	struct payment_settle	s;
+	int			ret;
 
-	params[0] = r->client_id;
-	params[1] = r->key;
-	params[2] = p->lease_id;
-
-	kore_buf_init(&problem, 256);
-	sql = payment_settle_sql(&p->call, p->outcome, params, &n, &problem);
-	p->released = (p->outcome == PROVIDER_FAILED ||
-	    p->outcome == PROVIDER_TIMED_OUT);
-	ret = idem_execute(req, sql, n, params);
-	kore_buf_cleanup(&problem);
+	payment_settle_init(&s, &p->call, p->answer, r->client_id, r->key,
+	    p->lease_id);
+	p->released = !provider_answer_saved(p->answer);
+	ret = idem_execute(req, s.sql, s.nparams, s.params);
+	payment_settle_cleanup(&s);
 
 	return (ret);
 }
@@ -336,7 +368,8 @@ payment_respond(struct http_request *req)
 		return (payment_fail_provider(req));
 	}
 
-	if (!strcmp(db_call_value(&r->db, 0), "fenced"))
+	if (db_call_rows(&r->db) == 0 ||
+	    !strcmp(db_call_value(&r->db, 0), "fenced"))
 		return (payment_respond_fenced(req));
 
 	return (idem_respond_row(req, 1, 2, 0));
@@ -345,20 +378,35 @@ payment_respond(struct http_request *req)
 /*
  * This worker lost its lease while it waited: another attempt holds or has
  * finished the key, and this result was not written. The client gets what
- * the key holds now.
+ * the key holds now: the other attempt's saved response, a 409 while it
+ * runs, or, when its outcome has passed the retention and been deleted, a
+ * 410: a retry with this key would be a new payment.
  */
 static int
 payment_respond_fenced(struct http_request *req)
 {
 	struct idem_request	*r = http_state_get(req);
 	struct payment		*p = r->extra;
+	const char		*status;
 
 	metrics_count(COUNTER_LEASE_FENCED, 1);
 	kore_log(LOG_NOTICE, "lease %s of %s:%s was taken over; its late "
 	    "result was not written", p->lease_id, r->client_id, r->key);
 
-	if (!strcmp(db_call_value(&r->db, 3), "done"))
+	status = db_call_rows(&r->db) == 0 ? "gone" :
+	    db_call_value(&r->db, 3);
+
+	if (!strcmp(status, "done"))
 		return (idem_respond_row(req, 1, 2, 1));
+
+	if (!strcmp(status, "gone")) {
+		return (idem_fail(req, PROBLEM_KEY_EXPIRED, "another attempt "
+		    "with Idempotency-Key '%s' finished this payment, and its "
+		    "outcome has passed the retention of %u s and was deleted; "
+		    "this attempt's result was not written. Do not retry with "
+		    "this key: it would be a new payment", r->key,
+		    settings.retention_seconds));
+	}
 
 	http_response_header(req, "retry-after", "1");
 	return (idem_fail(req, PROBLEM_IN_PROGRESS, "another attempt with "

@@ -53,12 +53,22 @@ static const struct problem_type	problems[PROBLEM_MAX] = {
 	    "Method not allowed on this resource" },
 	[PROBLEM_INTERNAL] = { 500, "internal-error",
 	    "Internal server error" },
+	[PROBLEM_PAYMENT_REJECTED] = { 422, "payment-rejected",
+	    "The payment provider refused the payment" },
+	[PROBLEM_KEY_EXPIRED] = { 410, "idempotency-key-expired",
+	    "The outcome of this Idempotency-Key is no longer kept" },
 };
 
 const char *
 problem_title(int problem)
 {
 	return (problems[problem].title);
+}
+
+int
+problem_status(int problem)
+{
+	return (problems[problem].status);
 }
 
 void

@@ -26,12 +26,15 @@
 #define PROBLEM_NOT_FOUND		14
 #define PROBLEM_METHOD_NOT_ALLOWED	15
 #define PROBLEM_INTERNAL		16
-#define PROBLEM_MAX			17
+#define PROBLEM_PAYMENT_REJECTED	17
+#define PROBLEM_KEY_EXPIRED		18
+#define PROBLEM_MAX			19
 
 #define PROBLEM_CONTENT_TYPE	"application/problem+json"
 #define JSON_CONTENT_TYPE	"application/json"
 
 const char	*problem_title(int);
+int	problem_status(int);
 void	problem_type_url(int, char *, size_t);
 void	problem_body(struct kore_buf *, int, const char *);
 void	problem_respond(struct http_request *, int, const char *, ...)

@@ -10,7 +10,6 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "json.h"
 #include "provider_client.h"
 #include "settings.h"
 
@@ -107,58 +106,6 @@ provider_call_cleanup(struct provider_call *call)
 	}
 
 	kore_buf_cleanup(&call->response);
-}
-
-/*
- * Classifies a finished call: a charge (201 with a charge_id), a decline
- * (402), a timeout, or a failure (unreachable, 5xx, anything unexpected).
- */
-int
-provider_call_outcome(struct provider_call *call)
-{
-	struct json_value	*v, *id, *detail;
-	char			err[JSON_ERROR_LEN];
-
-	if (call->result == CURLE_OPERATION_TIMEDOUT) {
-		(void)snprintf(call->detail, sizeof(call->detail),
-		    "no answer within %u ms", settings.provider_timeout_ms);
-		return (PROVIDER_TIMED_OUT);
-	}
-
-	if (call->result != CURLE_OK) {
-		(void)snprintf(call->detail, sizeof(call->detail), "%s",
-		    call->errbuf[0] ? call->errbuf :
-		    curl_easy_strerror(call->result));
-		return (PROVIDER_FAILED);
-	}
-
-	v = json_parse(call->response.data, call->response.offset, err,
-	    sizeof(err));
-
-	if (call->status == HTTP_STATUS_PAYMENT_REQUIRED) {
-		detail = json_member(v, "detail");
-		(void)snprintf(call->detail, sizeof(call->detail), "%s",
-		    detail != NULL && detail->type == JSON_STRING ?
-		    detail->str : "the provider declined the charge");
-		json_free(v);
-		return (PROVIDER_DECLINED);
-	}
-
-	id = json_member(v, "charge_id");
-	if (call->status == HTTP_STATUS_CREATED && id != NULL &&
-	    id->type == JSON_STRING && id->len > 0 &&
-	    id->len <= PROVIDER_CHARGE_ID_MAX && strlen(id->str) == id->len) {
-		(void)kore_strlcpy(call->charge_id, id->str,
-		    sizeof(call->charge_id));
-		json_free(v);
-		return (PROVIDER_CHARGED);
-	}
-
-	(void)snprintf(call->detail, sizeof(call->detail),
-	    "the provider answered %ld", call->status);
-	json_free(v);
-
-	return (PROVIDER_FAILED);
 }
 
 static int

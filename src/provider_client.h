@@ -12,12 +12,6 @@
 #include <kore/kore.h>
 #include <kore/http.h>
 
-/* What became of a call. */
-#define PROVIDER_CHARGED	1
-#define PROVIDER_DECLINED	2
-#define PROVIDER_FAILED		3
-#define PROVIDER_TIMED_OUT	4
-
 #define PROVIDER_CHARGE_ID_MAX	128
 #define PROVIDER_DETAIL_MAX	256
 
@@ -35,15 +29,15 @@ struct provider_call {
 	void			(*cb)(struct provider_call *, void *);
 	void			*arg;
 
-	/* Filled by provider_call_outcome(). */
+	/* Filled by provider_answer_classify(). */
 	char			charge_id[PROVIDER_CHARGE_ID_MAX + 1];
 	char			detail[PROVIDER_DETAIL_MAX];
+	u_int32_t		retry_after;
 };
 
 void	provider_client_init(void);
 void	provider_call_start(struct provider_call *, const char *,
 	    const char *, size_t);
 void	provider_call_cleanup(struct provider_call *);
-int	provider_call_outcome(struct provider_call *);
 
 #endif

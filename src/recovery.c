@@ -17,6 +17,7 @@
 #include "jobs.h"
 #include "metrics.h"
 #include "payments.h"
+#include "provider_answer.h"
 #include "provider_client.h"
 #include "settings.h"
 
@@ -31,9 +32,9 @@ struct recovery {
 	char			amount[24];
 	char			currency[4];
 	char			recipient[IDEM_ID_MAX + 1];
-	struct provider_call	call;
-	int			calling;
-	int			outcome;
+	struct provider_call		call;
+	int				calling;
+	const struct provider_answer	*answer;
 };
 
 static int	recovery_claim(struct job *);
@@ -131,7 +132,7 @@ recovery_charge(struct job *job)
 	if (!r->call.done)
 		return (JOB_WAIT);
 
-	r->outcome = provider_call_outcome(&r->call);
+	r->answer = provider_answer_classify(&r->call);
 
 	return (JOB_NEXT);
 }
@@ -140,18 +141,13 @@ static int
 recovery_settle(struct job *job)
 {
 	struct recovery		*r = &current;
-	struct kore_buf		problem;
-	const char		*params[6], *sql;
-	int			n, ret;
+	struct payment_settle	s;
+	int			ret;
 
-	params[0] = r->client_id;
-	params[1] = r->key;
-	params[2] = r->lease_id;
-
-	kore_buf_init(&problem, 256);
-	sql = payment_settle_sql(&r->call, r->outcome, params, &n, &problem);
-	ret = job_query(job, sql, n, params);
-	kore_buf_cleanup(&problem);
+	payment_settle_init(&s, &r->call, r->answer, r->client_id, r->key,
+	    r->lease_id);
+	ret = job_query(job, s.sql, s.nparams, s.params);
+	payment_settle_cleanup(&s);
 
 	return (ret);
 }
@@ -161,7 +157,7 @@ recovery_finish(struct job *job)
 {
 	struct recovery		*r = &current;
 
-	if (r->outcome == PROVIDER_CHARGED || r->outcome == PROVIDER_DECLINED) {
+	if (provider_answer_saved(r->answer)) {
 		if (!strcmp(db_call_value(&job->db, 0), "completed")) {
 			metrics_count(COUNTER_PAYMENTS_RECOVERED, 1);
 			kore_log(LOG_NOTICE, "recovery: payment %s:%s completed "
@@ -173,7 +169,7 @@ recovery_finish(struct job *job)
 			    "over meanwhile; not written", r->client_id, r->key);
 		}
 	} else {
-		kore_log(LOG_NOTICE, "recovery: provider failed for %s:%s (%s); "
+		kore_log(LOG_NOTICE, "recovery: payment %s:%s not finished (%s); "
 		    "released for a later attempt", r->client_id, r->key,
 		    r->call.detail);
 	}

@@ -1,11 +1,13 @@
 """POST /v1/payments, the lease strategy, against the fake provider: the
 first charge, replays, mismatches, the key scope, a duplicate while the
-first runs, declines, provider failures and timeouts, and the start-up
+first runs, declines, provider failures and timeouts (and the provider's
+409 for a key it still processes after a timeout), and the start-up
 check of the lease against the provider timeout."""
 
 import os
 import subprocess
 import sys
+import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "lib"))
 from harness import (ROOT, TMP, Api, Background, Provider, Tap, charges_to,  # noqa: E402
@@ -13,8 +15,9 @@ from harness import (ROOT, TMP, Api, Background, Provider, Tap, charges_to,  # n
 
 t = Tap()
 # The provider thinks a second: the window in which a duplicate finds the
-# first request still running.
-provider = Provider(IDEM_PROVIDER_LATENCY_MS=1000).start()
+# first request still running. Knowing the API's timeout, it thinks 5 s
+# for recipient "slow".
+provider = Provider(IDEM_PROVIDER_LATENCY_MS=1000, IDEM_PROVIDER_TIMEOUT_MS=3000).start()
 api = Api(IDEM_PROVIDER_URL=provider.url, IDEM_LEASE_SECONDS=4,
           IDEM_PROVIDER_TIMEOUT_MS=3000).start()
 
@@ -115,12 +118,15 @@ t.ok(down.status == 502 and down.json()["type"].endswith("/provider-unavailable"
      "the provider unreachable: 502", down)
 t.ok(not key_row(key)["leased"], "the lease released")
 provider = Provider(port=provider.port, name="provider-2",
-                    IDEM_PROVIDER_LATENCY_MS=1000).start()
+                    IDEM_PROVIDER_LATENCY_MS=1000, IDEM_PROVIDER_TIMEOUT_MS=3000).start()
 up = api.post("/v1/payments", payment("acc-down"), key=key)
 t.eq(up.status, 201, "the retry after the provider is back: 201")
 t.eq(len(provider.charges(f"shop-1:{key}")), 1, "one charge under the derived key")
 
-# A provider slower than the timeout: 504; the retry reuses the derived key.
+# A provider slower than the timeout: 504. The provider still works on the
+# charge it recorded, so an immediate retry (the same derived key) gets its
+# 409, passed on with its Retry-After; once the provider has finished, the
+# retry gets the charge it made: one charge.
 key = new_key("pay")
 slow = api.post("/v1/payments", payment("slow", amount=777), key=key)
 t.ok(slow.status == 504 and slow.json()["type"].endswith("/provider-timeout"),
@@ -128,11 +134,21 @@ t.ok(slow.status == 504 and slow.json()["type"].endswith("/provider-timeout"),
 t.ok(not key_row(key)["leased"] and key_row(key)["response"] is None,
      "nothing saved and the lease released", key_row(key))
 made = provider.charges(f"shop-1:{key}")
-t.eq(len(made), 1, "the provider did make the charge it was thinking about")
+t.eq(len(made), 1, "the provider did make the charge it is still thinking about")
+busy = api.post("/v1/payments", payment("slow", amount=777), key=key)
+t.ok(busy.status == 409 and busy.json()["type"].endswith("/request-in-progress"),
+     "an immediate retry: the provider still processes the key, 409", busy)
+t.ok(1 <= int(busy.headers.get("retry-after", "0")) <= 3,
+     "with Retry-After: when the provider will have finished (5 s after the charge)",
+     busy.headers)
+t.ok(not key_row(key)["leased"] and key_row(key)["response"] is None,
+     "nothing saved and the lease released again", key_row(key))
+time.sleep(int(busy.headers["retry-after"]))
 retry = api.post("/v1/payments", payment("slow", amount=777), key=key)
 t.ok(retry.status == 201 and retry.json()["charge_id"] == made[0]["charge_id"],
-     "the retry gets 201 with that same charge", retry)
-t.eq(len(provider.charges(f"shop-1:{key}")), 1, "exactly one charge")
+     "a retry after Retry-After gets 201 with that same charge", retry)
+t.eq(len(provider.charges(f"shop-1:{key}")), 1,
+     "the provider's ledger holds exactly one charge for shop-1:<key>")
 
 # A client that hangs up while the provider thinks cuts its attempt: the key
 # keeps its lease, and the retry after the lease ends finishes the payment.

@@ -405,6 +405,72 @@ class Provider(Kore):
         return r.json()["charges"]
 
 
+class StubProvider:
+    """A payment provider that answers whatever a test tells it to, to reach
+    answers the fake provider never gives (a 2xx without a charge id, a 404,
+    a 409 with its own Retry-After). A real HTTP server on loopback, in a
+    thread of the test; answers[recipient] is (status, headers, body), or a
+    function of the call number giving one; default answers every other
+    recipient. calls lists (monotonic time, Idempotency-Key, recipient)."""
+
+    def __init__(self, answers=None, default=(503, {}, b""), port=None):
+        import http.server
+
+        self.answers = dict(answers or {})
+        self.default = default
+        self.calls = []
+        stub = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_POST(self):
+                body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
+                try:
+                    recipient = json.loads(body).get("recipient")
+                except ValueError:
+                    recipient = None
+                key = self.headers.get("Idempotency-Key")
+                stub.calls.append((time.monotonic(), key, recipient))
+                answer = stub.answers.get(recipient, stub.default)
+                if callable(answer):
+                    answer = answer(len(stub.calls_of(key)))
+                status, headers, data = answer
+                if isinstance(data, (dict, list)):
+                    data = json.dumps(data).encode()
+                self.send_response(status)
+                for name, value in headers.items():
+                    self.send_header(name, value)
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def log_message(self, *args):
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", port or 0), Handler)
+        self.server.daemon_threads = True
+        self.port = self.server.server_address[1]
+        self._thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self._thread.start()
+
+    @property
+    def url(self):
+        return f"http://127.0.0.1:{self.port}"
+
+    def calls_of(self, key):
+        return [c for c in self.calls if c[1] == key]
+
+    def stop(self):
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def provider_calls(key):
+    """Requests the fake provider answered for an Idempotency-Key, refusals
+    included (provider.requests): how often the API called it."""
+    return int(sql_value("select count(*) from provider.requests"
+                         f" where idempotency_key = {quote(key)}"))
+
+
 def charges_to(recipient):
     """Charges the provider made to a recipient, whatever their key."""
     return int(sql_value("select count(*) from provider.charges"
