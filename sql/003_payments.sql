@@ -20,9 +20,22 @@ comment on table payments is
 
 create index if not exists payments_key on payments (client_id, idem_key);
 
+-- A duplicate is told to come back when the holder's provider call gives
+-- up, not when its lease ends: the lease outlasts the call by design, and
+-- a released key can be taken at once.
+alter table idempotency_keys add column if not exists call_deadline timestamptz;
+
+comment on column idempotency_keys.call_deadline is
+    'When the provider call of the attempt that holds the lease gives up '
+    '(taken + IDEM_PROVIDER_TIMEOUT_MS): what a duplicate''s Retry-After '
+    'counts down to, never past locked_until.';
+
 -- What the row of an existing key answers to another attempt: mismatch,
 -- replayed (done), in_flight (its lease holds) or expired (it may be taken
--- over). No row when the key is new.
+-- over). No row when the key is new. In flight, retry_after is the seconds
+-- until the holder's provider call gives up, at least 1: a holder that has
+-- given up is releasing the key (or has died and keeps it until its lease
+-- ends), so a retry may go on in a second.
 create or replace function payment_answer(p_client text, p_key text,
     p_operation text, p_fingerprint text)
 returns table (outcome text, lease_id bigint, status_code int,
@@ -34,8 +47,8 @@ language sql stable as $$
 		    when k.locked_until > now() then 'in_flight'
 		    else 'expired' end,
 	       k.lease_id, k.status_code, k.response,
-	       greatest(1, ceil(extract(epoch from
-		   k.locked_until - now())))::int
+	       greatest(1, ceil(extract(epoch from least(k.locked_until,
+		   coalesce(k.call_deadline, k.locked_until)) - now())))::int
 	  from idempotency_keys k
 	 where k.client_id = p_client and k.idem_key = p_key;
 $$;
@@ -43,12 +56,16 @@ $$;
 comment on function payment_answer(text, text, text, text) is
     'The state of an existing key as payment_reserve() answers it.';
 
+-- The six-argument reserve of databases made before call_deadline.
+drop function if exists payment_reserve(text, text, text, text, jsonb, int);
+
 -- Takes the key for one attempt: inserts it in_progress with a lease, or
 -- takes over a row whose lease expired (its worker died, or gave the lease
--- back) if it is the same request. Otherwise says why not.
+-- back) if it is the same request. Otherwise says why not. p_call_ms is
+-- the provider timeout of this attempt's call.
 create or replace function payment_reserve(p_client text, p_key text,
     p_operation text, p_fingerprint text, p_request jsonb,
-    p_lease_seconds int)
+    p_lease_seconds int, p_call_ms int)
 returns table (outcome text, lease_id bigint, status_code int,
     response text, retry_after int)
 language plpgsql as $$
@@ -64,12 +81,15 @@ begin
 	end if;
 
 	insert into idempotency_keys as k (client_id, idem_key, operation,
-	    fingerprint, status, lease_id, locked_until, request)
+	    fingerprint, status, lease_id, locked_until, call_deadline,
+	    request)
 	values (p_client, p_key, p_operation, p_fingerprint, 'in_progress', 1,
-	    now() + make_interval(secs => p_lease_seconds), p_request)
+	    now() + make_interval(secs => p_lease_seconds),
+	    now() + make_interval(secs => p_call_ms / 1000.0), p_request)
 	on conflict (client_id, idem_key) do update
 	   set lease_id = k.lease_id + 1,
-	       locked_until = now() + make_interval(secs => p_lease_seconds)
+	       locked_until = now() + make_interval(secs => p_lease_seconds),
+	       call_deadline = excluded.call_deadline
 	 where k.status = 'in_progress' and k.locked_until <= now()
 	   and k.operation = excluded.operation
 	   and k.fingerprint = excluded.fingerprint
@@ -88,10 +108,11 @@ begin
 end;
 $$;
 
-comment on function payment_reserve(text, text, text, text, jsonb, int) is
+comment on function payment_reserve(text, text, text, text, jsonb, int, int) is
     'Lease strategy, step 1: reserved or taken_over (with the lease_id that '
-    'fences this attempt), else mismatch, in_flight (with retry_after '
-    'seconds) or replayed (with the saved response).';
+    'fences this attempt), else mismatch, in_flight (with retry_after: the '
+    'seconds until the holder''s provider call gives up) or replayed (with '
+    'the saved response).';
 
 -- Saves the outcome of an attempt, only if it still holds its lease. A
 -- charge is written as a payment first, so that a late worker blocked on

@@ -36,7 +36,7 @@
 
 #define RESERVE_SQL							\
 	"SELECT outcome, lease_id, status_code, response, retry_after "	\
-	"FROM payment_reserve($1, $2, $3, $4, $5::jsonb, $6::int)"
+	"FROM payment_reserve($1, $2, $3, $4, $5::jsonb, $6::int, $7::int)"
 
 
 static int	payment_reserve(struct http_request *);
@@ -262,10 +262,11 @@ static int
 payment_reserve(struct http_request *req)
 {
 	struct idem_request	*r = http_state_get(req);
-	const char		*params[6];
-	char			lease[16];
+	const char		*params[7];
+	char			lease[16], call[16];
 
 	(void)snprintf(lease, sizeof(lease), "%u", settings.lease_seconds);
+	(void)snprintf(call, sizeof(call), "%u", settings.provider_timeout_ms);
 
 	params[0] = r->client_id;
 	params[1] = r->key;
@@ -273,8 +274,9 @@ payment_reserve(struct http_request *req)
 	params[3] = r->fingerprint;
 	params[4] = (const char *)r->canonical.data;
 	params[5] = lease;
+	params[6] = call;
 
-	return (idem_execute(req, RESERVE_SQL, 6, params));
+	return (idem_execute(req, RESERVE_SQL, 7, params));
 }
 
 static int

@@ -13,6 +13,10 @@
  * A 2xx without a valid charge id is transient, not a success (there is no
  * charge to save) and not a refusal (the provider may have charged): the
  * next attempt with the same derived key gets the charge if there is one.
+ * A 408 and a 429 are not refusals either: the provider did not take the
+ * request up (it came too late, or too many came), so it may be sent again.
+ * A 408 is also what Kore, and other servers, write on a kept-alive
+ * connection they time out, which a request sent on it may read.
  */
 
 #include <sys/types.h>
@@ -60,6 +64,11 @@ static const struct answer_rule	rules[] = {
 	    PROBLEM_CARD_DECLINED, "402" } },
 	{ MATCH_STATUS, 409, 409, { PROVIDER_BUSY,
 	    PROBLEM_IN_PROGRESS, "409, still processing the same key" } },
+	{ MATCH_STATUS, 408, 408, { PROVIDER_TRANSIENT,
+	    PROBLEM_PROVIDER_UNAVAILABLE, "408, the request not received "
+	    "in time" } },
+	{ MATCH_STATUS, 429, 429, { PROVIDER_TRANSIENT,
+	    PROBLEM_PROVIDER_UNAVAILABLE, "429, too many requests" } },
 	{ MATCH_STATUS, 400, 499, { PROVIDER_REFUSED,
 	    PROBLEM_PAYMENT_REJECTED, "any other 4xx" } },
 	{ MATCH_STATUS, 0, LONG_MAX, { PROVIDER_TRANSIENT,

@@ -23,7 +23,7 @@
 
 #define CLAIM_SQL							\
 	"SELECT client_id, idem_key, lease_id, amount, currency, "	\
-	"recipient FROM payment_recover_claim($1::int, $2::int)"
+	"recipient FROM payment_recover_claim($1::int, $2::int, $3::int)"
 
 struct recovery {
 	char			client_id[AUTH_CLIENT_ID_MAX + 1];
@@ -62,8 +62,8 @@ static struct recovery	current;
 static int
 recovery_claim(struct job *job)
 {
-	const char	*params[2];
-	char		after[16], lease[16];
+	const char	*params[3];
+	char		after[16], lease[16], call[16];
 
 	/* A round that stopped on a database error left its call behind. */
 	if (current.calling) {
@@ -74,11 +74,13 @@ recovery_claim(struct job *job)
 	(void)snprintf(after, sizeof(after), "%u",
 	    settings.recovery_after_seconds);
 	(void)snprintf(lease, sizeof(lease), "%u", settings.lease_seconds);
+	(void)snprintf(call, sizeof(call), "%u", settings.provider_timeout_ms);
 
 	params[0] = after;
 	params[1] = lease;
+	params[2] = call;
 
-	return (job_query(job, CLAIM_SQL, 2, params));
+	return (job_query(job, CLAIM_SQL, 3, params));
 }
 
 static int

@@ -66,14 +66,32 @@ wait_until(lambda: provider.charges(f"shop-1:{key}"), "the provider to record th
 dup = api.post("/v1/payments", payment("acc-dup"), key=key)
 t.eq(dup.status, 409, "a duplicate while the first runs: 409")
 t.ok(dup.json()["type"].endswith("/request-in-progress"), "request-in-progress problem", dup)
-t.ok(1 <= int(dup.headers.get("retry-after", "0")) <= 4,
-     "with Retry-After until the lease ends", dup.headers)
+t.ok(1 <= int(dup.headers.get("retry-after", "0")) <= 3,
+     "with Retry-After until the first one's provider call gives up", dup.headers)
 done = running.wait()
 t.eq(done.status, 201, "the first finishes with 201")
 after = api.post("/v1/payments", payment("acc-dup"), key=key)
 t.ok(after.status == 201 and after.replayed and after.body == done.body,
      "the duplicate's retry afterwards gets the first's response", after)
 t.eq(charges_to("acc-dup"), 1, "one charge")
+
+# Retry-After says when a retry can next succeed: when the holder's
+# provider call gives up (here after 3 s), not when its lease ends (30 s).
+api30 = Api(name="api-lease-30", IDEM_PROVIDER_URL=provider.url, IDEM_LEASE_SECONDS=30,
+            IDEM_PROVIDER_TIMEOUT_MS=3000).start()
+key = new_key("pay")
+running = Background(api30.post, "/v1/payments", payment("acc-retry-after"), key=key)
+wait_until(lambda: provider.charges(f"shop-1:{key}"), "the provider to record the charge")
+dup = api30.post("/v1/payments", payment("acc-retry-after"), key=key)
+after = int(dup.headers.get("retry-after", "0"))
+t.ok(dup.status == 409 and 1 <= after <= 3,
+     "lease 30 s, provider timeout 3 s: a duplicate gets Retry-After of at most 3",
+     (dup, dup.headers))
+time.sleep(after)
+again = api30.post("/v1/payments", payment("acc-retry-after"), key=key)
+t.ok(again.status == 201 and again.replayed and again.body == running.wait().body,
+     "and a retry that waits that long gets the payment", again)
+api30.stop()
 
 # Twenty at once: one charge.
 key = new_key("pay")

@@ -1,9 +1,10 @@
 """Every answer of the payment provider has exactly one class, and the client
 gets what API.md's lease table says for it: a 2xx with a charge id is a 201;
-a 402 a saved card-declined; any other 4xx but 409 a saved payment-rejected
-with the provider's reason, never sent to the provider again; a 409 (the
-provider still processes the key) a 409 with Retry-After and the lease
-released; anything else a 502, released. The rows the fake provider cannot
+a 402 a saved card-declined; any other 4xx but 408, 409 and 429 a saved
+payment-rejected with the provider's reason, never sent to the provider
+again; a 409 (the provider still processes the key) a 409 with Retry-After
+and the lease released; anything else, 408 and 429 included (the provider
+did not take the request up), a 502, released. The rows the fake provider cannot
 give come from a stub provider; the permanent refusal of the real fake
 provider (recipient "reject") is followed through replays and the recovery
 job."""
@@ -44,6 +45,8 @@ stub = StubProvider({
     "unprocessable": (422, JSON, {"detail": "amount over the card's limit"}),
     "busy-7": (409, {"Retry-After": "7"}, {"detail": "in progress"}),
     "busy": (409, {}, b""),
+    "late-408": (408, {}, b""),
+    "limited-429": (429, {"Retry-After": "3"}, b""),
     "error-500": (500, {}, b""),
     "error-503": (503, {}, b""),
     "redirect": (301, {"Location": "http://127.0.0.1:1/"}, b""),
@@ -64,6 +67,8 @@ rows = [
     ("unprocessable", 422, "payment-rejected", True),
     ("busy-7", 409, "request-in-progress", False),
     ("busy", 409, "request-in-progress", False),
+    ("late-408", 502, "provider-unavailable", False),
+    ("limited-429", 502, "provider-unavailable", False),
     ("error-500", 502, "provider-unavailable", False),
     ("error-503", 502, "provider-unavailable", False),
     ("redirect", 502, "provider-unavailable", False),
@@ -146,6 +151,7 @@ wait_until(lambda: sql_value(left) == "0", "the recovery job to finish them", ti
 t.eq(key_row(abandoned)["status_code"], "201",
      "the recovery job ran: it finished the abandoned payment")
 t.eq(provider_calls(f"shop-1:{key}"), 1, "and never called the provider for the rejected one")
+
 api.stop()
 provider.stop()
 t.done()

@@ -1,11 +1,11 @@
 -- The SQL of the lease strategy: reserve, take-over, complete, release and
 -- the fencing rule; and the fake provider's one charge per key and its 409.
 begin;
-select plan(42);
+select plan(44);
 
 create temporary table r1 as select * from payment_reserve('shop-1', 'p-1',
     'payments.create', repeat('a', 64),
-    '{"amount":100,"currency":"RUB","recipient":"acc"}', 30);
+    '{"amount":100,"currency":"RUB","recipient":"acc"}', 30, 10000);
 select is((select outcome from r1), 'reserved', 'a new key is reserved');
 select is((select lease_id from r1), 1::bigint, 'with lease 1');
 select is((select status from idempotency_keys where idem_key = 'p-1'),
@@ -14,25 +14,36 @@ select ok((select locked_until > now() + interval '29 seconds'
     from idempotency_keys where idem_key = 'p-1'), 'leased for 30 seconds');
 
 create temporary table r2 as select * from payment_reserve('shop-1', 'p-1',
-    'payments.create', repeat('a', 64), '{}', 30);
+    'payments.create', repeat('a', 64), '{}', 30, 10000);
 select is((select outcome from r2), 'in_flight', 'a duplicate while the lease holds');
-select ok((select retry_after between 29 and 30 from r2),
-    'is told to retry when the lease ends');
+select is((select retry_after from r2), 10,
+    'is told to retry when the holder''s provider call gives up (10 s), not when '
+    'its lease ends (30 s)');
 select is((select lease_id from idempotency_keys where idem_key = 'p-1'), 1::bigint,
     'and does not touch the lease');
 select is((select outcome from payment_reserve('shop-1', 'p-1', 'payments.create',
-    repeat('b', 64), '{}', 30)), 'mismatch', 'another fingerprint is a mismatch');
+    repeat('b', 64), '{}', 30, 10000)), 'mismatch', 'another fingerprint is a mismatch');
 select is((select outcome from payment_reserve('shop-1', 'p-1', 'demo.naive',
-    repeat('a', 64), '{}', 30)), 'mismatch', 'another operation is a mismatch');
+    repeat('a', 64), '{}', 30, 10000)), 'mismatch', 'another operation is a mismatch');
+
+update idempotency_keys set call_deadline = now() - interval '1 second'
+ where idem_key = 'p-1';
+select is((select retry_after from payment_reserve('shop-1', 'p-1', 'payments.create',
+    repeat('a', 64), '{}', 30, 10000)), 1,
+    'once the holder''s call has given up (it is releasing, or died): 1 s');
+update idempotency_keys set call_deadline = now() + interval '1 hour'
+ where idem_key = 'p-1';
+select is((select retry_after from payment_reserve('shop-1', 'p-1', 'payments.create',
+    repeat('a', 64), '{}', 30, 10000)), 30, 'never past the end of the lease');
 
 -- The first worker dies; its lease runs out.
 update idempotency_keys set locked_until = now() - interval '1 second'
  where idem_key = 'p-1';
 select is((select outcome from payment_reserve('shop-1', 'p-1', 'payments.create',
-    repeat('b', 64), '{}', 30)), 'mismatch',
+    repeat('b', 64), '{}', 30, 10000)), 'mismatch',
     'an expired lease is not taken over by another request');
 create temporary table r3 as select * from payment_reserve('shop-1', 'p-1',
-    'payments.create', repeat('a', 64), '{}', 30);
+    'payments.create', repeat('a', 64), '{}', 30, 10000);
 select is((select outcome from r3), 'taken_over', 'the same request takes an expired lease over');
 select is((select lease_id from r3), 2::bigint, 'with the next fencing token');
 
@@ -60,7 +71,7 @@ select results_eq($$select status, status_code, locked_until from idempotency_ke
     where idem_key = 'p-1'$$, $$values ('done'::text, 201, null::timestamptz)$$,
     'the key is done, lease cleared');
 select results_eq($$select outcome, status_code, response from payment_reserve('shop-1',
-    'p-1', 'payments.create', repeat('a', 64), '{}', 30)$$,
+    'p-1', 'payments.create', repeat('a', 64), '{}', 30, 10000)$$,
     $$select 'replayed'::text, 201, response from c1$$,
     'a retry after completion gets the saved response');
 select results_eq($$select outcome, status from payment_complete('shop-1', 'p-1', 1,
@@ -71,13 +82,13 @@ select is((select count(*)::int from payments where idem_key = 'p-1'), 1,
 
 -- A provider failure: the lease is given back at once.
 select is((select lease_id from payment_reserve('shop-1', 'p-2', 'payments.create',
-    repeat('a', 64), '{"amount":5,"currency":"EUR","recipient":"x"}', 30)), 1::bigint,
+    repeat('a', 64), '{"amount":5,"currency":"EUR","recipient":"x"}', 30, 10000)), 1::bigint,
     'p-2 reserved');
 select is(payment_release('shop-1', 'p-2', 1), true, 'the holder releases');
 select results_eq($$select status, status_code from idempotency_keys where idem_key = 'p-2'$$,
     $$values ('in_progress'::text, null::int)$$, 'nothing is saved');
 create temporary table r4 as select * from payment_reserve('shop-1', 'p-2',
-    'payments.create', repeat('a', 64), '{}', 30);
+    'payments.create', repeat('a', 64), '{}', 30, 10000);
 select results_eq($$select outcome, lease_id from r4$$,
     $$values ('taken_over'::text, 2::bigint)$$, 'a retry takes the key at once, fenced anew');
 
@@ -90,7 +101,7 @@ select is((select count(*)::int from payments where idem_key = 'p-2'), 0,
     'with no payment row');
 
 select is((select outcome from payment_reserve('shop-2', 'p-1', 'payments.create',
-    repeat('a', 64), '{}', 30)), 'reserved', 'the same key of another client is its own');
+    repeat('a', 64), '{}', 30, 10000)), 'reserved', 'the same key of another client is its own');
 
 -- The fake provider: one charge per key, and a 409 while the request that
 -- made it still thinks (here 60 s).

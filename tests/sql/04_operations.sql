@@ -28,13 +28,13 @@ select ok(exists(select 1 from idempotency_keys where idem_key = 'stuck'),
 select is((select count(*)::int from idempotency_keys where idem_key like 'old-%'), 0,
     'no old finished key is left');
 
-create temporary table claim as select * from payment_recover_claim(300, 30);
+create temporary table claim as select * from payment_recover_claim(300, 30, 10000);
 select results_eq($$select idem_key, lease_id, amount, currency, recipient from claim$$,
     $$values ('stuck'::text, 2::bigint, '100'::text, 'RUB'::text, 'acc'::text)$$,
     'an abandoned payment is claimed with the next lease and its fields');
 select ok((select locked_until > now() from idempotency_keys where idem_key = 'stuck'),
     'under a new lease');
-select is((select count(*)::int from payment_recover_claim(300, 30)), 0,
+select is((select count(*)::int from payment_recover_claim(300, 30, 10000)), 0,
     'a claimed payment is not claimed again');
 
 insert into idempotency_keys (client_id, idem_key, operation, fingerprint,
@@ -43,9 +43,9 @@ values ('shop-1', 'recent', 'payments.create', repeat('a', 64), 'in_progress', 1
     now() - interval '10 seconds', '{}'),
        ('shop-1', 'demo', 'demo.fresh-provider-key', repeat('a', 64), 'in_progress', 1,
     now() - interval '1 hour', '{}');
-select is((select count(*)::int from payment_recover_claim(300, 30)), 0,
+select is((select count(*)::int from payment_recover_claim(300, 30, 10000)), 0,
     'neither a lease that ended recently nor a demo payment is claimed');
-select is((select count(*)::int from payment_recover_claim(5, 30)), 1,
+select is((select count(*)::int from payment_recover_claim(5, 30, 10000)), 1,
     'with a shorter wait the recent one is');
 
 select is((select outcome from payment_complete('shop-1', 'stuck', 2, 'ch_x', 201, null)),
