@@ -5,6 +5,9 @@
  * a retry would take it, charged with the same derived key (the provider
  * answers with the charge it made, or makes it), and completed, so that a
  * later retry gets the real result and the ledger matches the provider.
+ * An attempt that gets no outcome (the provider fails, or still processes
+ * the key) puts the payment off: IDEM_RECOVERY_BACKOFF_SECONDS, doubled
+ * after each such attempt, at most IDEM_RECOVERY_BACKOFF_MAX_SECONDS.
  */
 
 #include <sys/types.h>
@@ -20,6 +23,10 @@
 #include "provider_answer.h"
 #include "provider_client.h"
 #include "settings.h"
+
+#define RELEASE_SQL							\
+	"SELECT released, attempts, wait_seconds FROM "			\
+	"payment_recover_release($1, $2, $3::bigint, $4::int, $5::int)"
 
 #define CLAIM_SQL							\
 	"SELECT client_id, idem_key, lease_id, amount, currency, "	\
@@ -139,15 +146,32 @@ recovery_charge(struct job *job)
 	return (JOB_NEXT);
 }
 
+/*
+ * A charge or a refusal is completed as a client's attempt would; any
+ * other answer releases the payment and backs the job off it.
+ */
 static int
 recovery_settle(struct job *job)
 {
 	struct recovery		*r = &current;
 	struct payment_settle	s;
+	char			base[16], cap[16];
 	int			ret;
 
 	payment_settle_init(&s, &r->call, r->answer, r->client_id, r->key,
 	    r->lease_id);
+
+	if (!provider_answer_saved(r->answer)) {
+		(void)snprintf(base, sizeof(base), "%u",
+		    settings.recovery_backoff_seconds);
+		(void)snprintf(cap, sizeof(cap), "%u",
+		    settings.recovery_backoff_max_seconds);
+		s.params[3] = base;
+		s.params[4] = cap;
+		s.nparams = 5;
+		s.sql = RELEASE_SQL;
+	}
+
 	ret = job_query(job, s.sql, s.nparams, s.params);
 	payment_settle_cleanup(&s);
 
@@ -170,10 +194,15 @@ recovery_finish(struct job *job)
 			kore_log(LOG_NOTICE, "recovery: payment %s:%s was taken "
 			    "over meanwhile; not written", r->client_id, r->key);
 		}
-	} else {
+	} else if (!strcmp(db_call_value(&job->db, 0), "t")) {
 		kore_log(LOG_NOTICE, "recovery: payment %s:%s not finished (%s); "
-		    "released for a later attempt", r->client_id, r->key,
-		    r->call.detail);
+		    "attempt %s, the next in %s s", r->client_id, r->key,
+		    r->call.detail, db_call_value(&job->db, 1),
+		    db_call_value(&job->db, 2));
+	} else {
+		metrics_count(COUNTER_LEASE_FENCED, 1);
+		kore_log(LOG_NOTICE, "recovery: payment %s:%s was taken over "
+		    "meanwhile; not released", r->client_id, r->key);
 	}
 
 	provider_call_cleanup(&r->call);

@@ -56,6 +56,10 @@ static const struct number_setting	numbers[] = {
 	    10, 1, 86400 },
 	{ "IDEM_AUTH_CACHE_SECONDS", &settings.auth_cache_seconds,
 	    60, 0, 3600 },
+	{ "IDEM_RECOVERY_BACKOFF_SECONDS", &settings.recovery_backoff_seconds,
+	    30, 1, 86400 },
+	{ "IDEM_RECOVERY_BACKOFF_MAX_SECONDS",
+	    &settings.recovery_backoff_max_seconds, 900, 1, 7 * 86400 },
 };
 
 static const struct text_setting	texts[] = {

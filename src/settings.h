@@ -23,6 +23,8 @@ struct settings {
 	u_int32_t	recovery_after_seconds;
 	u_int32_t	recovery_interval_seconds;
 	u_int32_t	auth_cache_seconds;
+	u_int32_t	recovery_backoff_seconds;
+	u_int32_t	recovery_backoff_max_seconds;
 };
 
 extern struct settings	settings;

@@ -2,21 +2,24 @@
 call is in flight and the client never retries; the recovery job takes the
 payment over, gets the provider's charge with the same derived key, and
 saves it, so that a later retry gets the real result. A payment released
-after a provider failure is finished the same way, charging it then."""
+after a provider failure is finished the same way, charging it then; while
+the provider keeps failing, the job backs off that payment."""
 
 import os
 import re
 import sys
+import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "lib"))
-from harness import (Api, Background, Provider, Tap, charges_to, key_row,  # noqa: E402
-                     new_key, quote, request, sql, sql_value, wait_until)
+from harness import (Api, Background, Provider, StubProvider, Tap, charges_to,  # noqa: E402
+                     key_row, new_key, quote, request, sql, sql_value, wait_until)
 
 t = Tap()
 provider = Provider(IDEM_PROVIDER_LATENCY_MS=1500).start()
 env = {"IDEM_PROVIDER_URL": provider.url, "IDEM_LEASE_SECONDS": 4,
        "IDEM_PROVIDER_TIMEOUT_MS": 3000, "IDEM_RECOVERY_AFTER_SECONDS": 1,
-       "IDEM_RECOVERY_INTERVAL_SECONDS": 1}
+       "IDEM_RECOVERY_INTERVAL_SECONDS": 1, "IDEM_RECOVERY_BACKOFF_SECONDS": 1,
+       "IDEM_RECOVERY_BACKOFF_MAX_SECONDS": 2}
 api = Api(**env).start()
 
 
@@ -44,9 +47,10 @@ t.ok(f'"charge_id":"{charge}"' in row["response"], "with the charge the provider
 t.eq(charges_to(rcpt), 1, "the provider still holds one charge")
 t.eq(sql_value(f"select charge_id from payments where idem_key = {quote(key)}"), charge,
      "the payments ledger matches the provider")
-# The job counts and logs a recovery just after it commits.
-t.ok(wait_until(lambda: recovered(api) >= 1, "the recovery to be counted"),
-     "idem_payments_recovered_total counts it")
+# The job counts and logs a recovery just after it commits. The earlier
+# tests leave no other payment for this instance to recover.
+wait_until(lambda: recovered(api) >= 1, "the recovery to be counted")
+t.eq(recovered(api), 1, "idem_payments_recovered_total counts it, once")
 t.ok("recovery: payment shop-1:" + key in api.read_log(), "the API logged it")
 
 retry = api.post("/v1/payments", {"amount": 2500, "currency": "EUR", "recipient": rcpt},
@@ -87,4 +91,46 @@ t.eq(sum(recovered(a) for a in pair), 10, "and recovered once, by one instance o
 for a in pair:
     a.stop()
 provider.stop()
+
+# A provider that keeps failing (503, or 409: still processing) is not
+# called every round: each attempt of the job without an outcome doubles
+# its wait before the next, 1, 2, 4 s, then the cap of 4 s. Once the
+# provider works, the next attempt finishes the payment.
+JSON = {"Content-Type": "application/json"}
+failing = [(503, {}, b""), (409, {"Retry-After": "1"}, b"")]
+stub = StubProvider(default=lambda n: failing[(n - 1) % 2])
+api = Api(name="api-backoff", IDEM_PROVIDER_URL=stub.url, IDEM_LEASE_SECONDS=2,
+          IDEM_PROVIDER_TIMEOUT_MS=1000, IDEM_RECOVERY_AFTER_SECONDS=1,
+          IDEM_RECOVERY_INTERVAL_SECONDS=1, IDEM_RECOVERY_BACKOFF_SECONDS=1,
+          IDEM_RECOVERY_BACKOFF_MAX_SECONDS=4).start()
+key, rcpt = new_key("backoff"), new_key("acc")
+derived = f"shop-1:{key}"
+down = api.post("/v1/payments", {"amount": 700, "currency": "RUB", "recipient": rcpt}, key=key)
+t.eq(down.status, 502, "the provider fails: 502, and the client gives up")
+# The client's call, then five attempts of the job, the first at least 11 s
+# ago: a window in which a job without backoff would call every second.
+wait_until(lambda: len(stub.calls_of(derived)) >= 6 and
+           time.monotonic() >= stub.calls_of(derived)[1][0] + 11,
+           "five attempts of the job", timeout=60)
+times = [c[0] for c in stub.calls_of(derived)][1:]
+gaps = [round(b - a, 2) for a, b in zip(times, times[1:])][:4]
+t.ok(all(gap >= want - 0.2 for gap, want in zip(gaps, [1, 2, 4, 4])),
+     "the job's attempts are 1, 2, 4 and 4 s apart at least, not one a round", gaps)
+calls = len([c for c in times if c <= times[0] + 11])
+t.ok(calls <= 5, "at most 5 provider calls in the 11 s from the job's first (not 11)",
+     calls)
+# Read between two attempts, while the job holds no lease on it.
+row = wait_until(lambda: sql("select recovery_attempts, extract(epoch from recover_at -"
+                             " locked_until)::int from idempotency_keys where idem_key ="
+                             f" {quote(key)} and locked_until <= now()"), "a released row")[0]
+t.ok(int(row[0]) >= 5 and row[1] == "4",
+     "the key row counts the attempts, and the next waits the cap, 4 s", row)
+
+stub.default = (201, JSON, {"charge_id": "ch_after_outage"})
+wait_until(lambda: key_row(key)["status"] == "done", "the next attempt", timeout=15)
+row = key_row(key)
+t.ok(row["status_code"] == "201" and '"charge_id":"ch_after_outage"' in row["response"],
+     "once the provider works, the job finishes the payment with its charge", row)
+api.stop()
+stub.stop()
 t.done()

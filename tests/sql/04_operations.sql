@@ -1,6 +1,7 @@
--- Cleanup of finished keys and the claim of abandoned payments.
+-- Cleanup of finished keys, and the claim of abandoned payments with its
+-- backoff.
 begin;
-select plan(14);
+select plan(23);
 
 insert into idempotency_keys (client_id, idem_key, operation, fingerprint,
     status, status_code, response, created_at, finished_at)
@@ -47,6 +48,39 @@ select is((select count(*)::int from payment_recover_claim(300, 30, 10000)), 0,
     'neither a lease that ended recently nor a demo payment is claimed');
 select is((select count(*)::int from payment_recover_claim(5, 30, 10000)), 1,
     'with a shorter wait the recent one is');
+
+-- The job's attempts that end without an outcome back it off the payment:
+-- the base (30 s), doubled each time, at most the cap (100 s).
+insert into idempotency_keys (client_id, idem_key, operation, fingerprint,
+    status, lease_id, locked_until, request)
+values ('shop-1', 'flaky', 'payments.create', repeat('a', 64), 'in_progress', 1,
+    now() - interval '1 hour', '{"amount":5,"currency":"RUB","recipient":"acc"}');
+select is((select lease_id from payment_recover_claim(300, 30, 10000)), 2::bigint,
+    'a payment whose provider fails is claimed');
+select results_eq($$select * from payment_recover_release('shop-1', 'flaky', 2, 30, 100)$$,
+    $$values (true, 1, 30)$$, 'its first failed attempt puts it off by the base, 30 s');
+select ok((select locked_until <= now() and recover_at = now() + interval '30 seconds'
+    from idempotency_keys where idem_key = 'flaky'),
+    'the lease ends at once (a client''s retry can take it), the job waits');
+update idempotency_keys set locked_until = now() - interval '1 hour'
+ where idem_key = 'flaky';
+select is((select count(*)::int from payment_recover_claim(300, 30, 10000)), 0,
+    'the job does not take it before then, however long ago the lease ended');
+update idempotency_keys set locked_until = now() - interval '1 second',
+    recover_at = now() - interval '1 second' where idem_key = 'flaky';
+select is((select lease_id from payment_recover_claim(300, 30, 10000)), 3::bigint,
+    'once due it is claimed, without waiting the 300 s for the client again');
+select results_eq($$select * from payment_recover_release('shop-1', 'flaky', 3, 30, 100)$$,
+    $$values (true, 2, 60)$$, 'the second failed attempt: 60 s');
+update idempotency_keys set recover_at = now() - interval '1 second',
+    locked_until = now() - interval '1 second' where idem_key = 'flaky';
+select is((select lease_id from payment_recover_claim(300, 30, 10000)), 4::bigint,
+    'claimed again when due');
+select results_eq($$select * from payment_recover_release('shop-1', 'flaky', 4, 30, 100)$$,
+    $$values (true, 3, 100)$$, 'the third: 120 s, capped at 100 s');
+select results_eq($$select * from payment_recover_release('shop-1', 'flaky', 3, 30, 100)$$,
+    $$values (false, null::int, null::int)$$,
+    'a fenced release writes nothing and says so in its one row');
 
 select is((select outcome from payment_complete('shop-1', 'stuck', 2, 'ch_x', 201, null)),
     'completed', 'the recovery completes with its lease');
