@@ -159,13 +159,22 @@ begin
 	return query select 'fenced'::text, k.status_code, k.response, k.status
 	  from idempotency_keys k
 	 where k.client_id = p_client and k.idem_key = p_key;
+
+	-- The attempt that took it over finished it, and the cleanup has
+	-- deleted it since (a short retention): still one row, saying so.
+	if not found then
+		return query select 'fenced'::text, null::int, null::text,
+		    'gone'::text;
+	end if;
 end;
 $$;
 
 comment on function payment_complete(text, text, bigint, text, int, text) is
     'Lease strategy, step 3: saves a charge (as a payment and its 201 body) '
-    'or a decline (p_problem) if p_lease still holds the key: completed. '
-    'Otherwise writes nothing: fenced, with the key''s current state.';
+    'or a refusal (p_problem) if p_lease still holds the key: completed. '
+    'Otherwise writes nothing: fenced, with the key''s current state '
+    '(status gone when it has been finished and deleted since). Always '
+    'one row.';
 
 -- Gives the lease back at once after a provider failure (it ends now),
 -- keeping lease_id so that a late worker of this attempt stays fenced.

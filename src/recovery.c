@@ -192,7 +192,9 @@ recovery_finish(struct job *job)
 		} else {
 			metrics_count(COUNTER_LEASE_FENCED, 1);
 			kore_log(LOG_NOTICE, "recovery: payment %s:%s was taken "
-			    "over meanwhile; not written", r->client_id, r->key);
+			    "over meanwhile (now %s); not written", r->client_id,
+			    r->key, db_call_rows(&job->db) == 1 ?
+			    db_call_value(&job->db, 3) : "gone");
 		}
 	} else if (!strcmp(db_call_value(&job->db, 0), "t")) {
 		kore_log(LOG_NOTICE, "recovery: payment %s:%s not finished (%s); "
