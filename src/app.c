@@ -18,6 +18,7 @@
 #include "metrics.h"
 #include "problem.h"
 #include "provider_client.h"
+#include "reload.h"
 #include "routes.h"
 #include "settings.h"
 
@@ -72,14 +73,26 @@ kore_parent_configure(int argc, char **argv)
 	}
 }
 
+/*
+ * Runs in each worker: when it starts, and around a reload (see reload.c).
+ * Whatever the old image set up is taken down before it goes; the new
+ * image finds the settings and the metrics again.
+ */
 int
 api_init(int state)
 {
 	if (state == KORE_MODULE_UNLOAD) {
+		if (reload_unload() != KORE_RESULT_OK)
+			return (KORE_RESULT_ERROR);
 		jobs_stop();
+		provider_client_unload();
+		auth_unload();
+		settings_unload();
 		return (KORE_RESULT_OK);
 	}
 
+	settings_load();
+	metrics_attach();
 	db_register();
 	auth_init();
 	provider_client_init();

@@ -18,6 +18,7 @@
 #include "idem.h"
 #include "metrics.h"
 #include "problem.h"
+#include "reload.h"
 
 static void	request_free(struct http_request *);
 static int	admit_key(struct http_request *, struct idem_request *);
@@ -50,6 +51,7 @@ idem_request(struct http_request *req, int route,
 		return (http_state_get(req));
 
 	r = http_state_create(req, sizeof(*r), request_free);
+	reload_hold();
 	r->started = kore_time_ms();
 	r->route = route;
 	r->op = op;
@@ -358,6 +360,8 @@ request_free(struct http_request *req)
 
 	if (r->extra != NULL && r->extra_free != NULL)
 		r->extra_free(r->extra);
+
+	reload_release();
 }
 
 static int
