@@ -40,7 +40,7 @@ healthz(struct http_request *req)
 	if (!http_state_exists(req)) {
 		h = http_state_create(req, sizeof(*h), health_free);
 		reload_hold();
-		db_call_init(&h->db, req);
+		db_call_init_health(&h->db, req);
 	}
 
 	return (health_query(req));

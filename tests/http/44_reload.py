@@ -18,12 +18,12 @@ from harness import (Api, Background, Provider, Tap, charges_to, key_row,  # noq
                      new_key, quote, request, sql, sql_value, wait_until)
 
 t = Tap()
-provider = Provider(IDEM_PROVIDER_LATENCY_MS=1500).start()
+provider = Provider(name="provider-reload", IDEM_PROVIDER_LATENCY_MS=1500).start()
 env = {"IDEM_PROVIDER_URL": provider.url, "IDEM_LEASE_SECONDS": 6,
        "IDEM_PROVIDER_TIMEOUT_MS": 4000, "IDEM_RECOVERY_AFTER_SECONDS": 1,
        "IDEM_RECOVERY_INTERVAL_SECONDS": 1, "IDEM_CLEANUP_INTERVAL_SECONDS": 1,
        "IDEM_RETENTION_SECONDS": 3600}
-api = Api(**env).start()
+api = Api(name="api-reload", **env).start()
 PUBLIC = f"http://127.0.0.1:{api.port}/problems/"
 
 
