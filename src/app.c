@@ -24,9 +24,11 @@
 
 /*
  * Syscalls beyond Kore's own filters: libpq's stat() of ~/.pgpass and its
- * GSSAPI probe, and libcurl's getpeername().
+ * GSSAPI probe, libcurl's getpeername(), and the shutdown() that closes a
+ * database connection whose answer is overdue (db.c).
  */
 KORE_SECCOMP_FILTER("app",
+	KORE_SYSCALL_ALLOW(shutdown),
 	KORE_SYSCALL_ALLOW(newfstatat),
 	KORE_SYSCALL_ALLOW(getdents64),
 	KORE_SYSCALL_ALLOW(clone3),
