@@ -143,7 +143,12 @@ t.ok(dup.status == 409 and 1 <= int(dup.headers.get("retry-after", "0")) <= 6,
      "a duplicate gets 409 with a Retry-After within the lease setting", dup.headers)
 t.eq(slow.wait(30).status, 201, "and the first attempt completes")
 r = api.get("/v1/bonuses/c-reload")
-t.eq(r.status, 200, "GET /v1/bonuses/{id} answers")
+t.ok(r.status == 200 and r.json()["balance"] > 0, "GET /v1/bonuses/{id} answers", r)
+r = api.post("/v1/bonuses", {"customer_id": "c-reload", "points": -1, "reason": "x"},
+             key=new_key("bonus"))
+t.eq(r.status, 201, "POST /v1/bonuses answers")
+r = api.get("/v1/orders?customer_id=c-reload")
+t.ok(r.status == 200 and len(r.json()["orders"]) > 0, "GET /v1/orders answers", r)
 t.eq(request(api.port, "GET", "/healthz").status, 200, "GET /healthz answers")
 
 # The jobs run with their settings: the cleanup deletes an old key, and the
