@@ -76,7 +76,7 @@ t.ok(h.status == 200 and took <= 1.0,
 answers = [p.wait(30) for p in pending]
 t.ok(all(retryable(a) for a in answers),
      "every queued or waiting request gets a retryable 503, none a 500",
-     sorted(set(a.status for a in answers)))
+     [a for a in answers if not retryable(a)][:3])
 t.eq(ledger("c-locked"), 1, "none of them wrote a ledger row")
 held.run("rollback;")
 held.close()
