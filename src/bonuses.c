@@ -6,6 +6,8 @@
 
 #include <sys/types.h>
 
+#include <ctype.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include <kore/kore.h>
@@ -25,6 +27,7 @@
 
 static int	bonus_apply_execute(struct http_request *);
 static int	bonus_balance_execute(struct http_request *);
+static int	path_decode(char *, size_t *);
 
 static const struct idem_field	bonus_fields[] = {
 	{ "customer_id",	FIELD_ID,	1, 1 },
@@ -108,15 +111,17 @@ bonus_balance_execute(struct http_request *req)
 {
 	struct idem_request	*r = http_state_get(req);
 	const char		*params[2];
+	size_t			len;
 
 	if (!r->db_active) {
 		r->extra = kore_strdup(req->path + strlen(BONUS_PATH_PREFIX));
 		r->extra_free = kore_free;
-		if (!http_argument_urldecode(r->extra) ||
-		    !idem_id_valid(r->extra, strlen(r->extra))) {
+		if (!path_decode(r->extra, &len) ||
+		    !idem_id_valid(r->extra, len)) {
 			return (idem_fail(req, PROBLEM_INVALID_REQUEST,
 			    "the customer id in the path must be 1 to 128 "
-			    "bytes without control characters"));
+			    "bytes without control characters, percent-encoded "
+			    "(%%XX; + is a plus)"));
 		}
 	}
 
@@ -124,4 +129,37 @@ bonus_balance_execute(struct http_request *req)
 	params[1] = r->extra;
 
 	return (idem_execute(req, BONUS_BALANCE_SQL, 2, params));
+}
+
+/*
+ * Decodes a path segment in place (RFC 3986): %XX is the byte XX and
+ * every other character is itself. Unlike a query string or a form, a path
+ * has no "+ means space" rule, so a customer "a+b" is /v1/bonuses/a+b or
+ * /v1/bonuses/a%2Bb. A % without two hex digits is an error; the decoded
+ * length is returned because %00 is a byte too.
+ */
+static int
+path_decode(char *s, size_t *len)
+{
+	char		*in, *out, hex[3];
+
+	hex[2] = '\0';
+	for (in = out = s; *in != '\0'; in++) {
+		if (*in != '%') {
+			*out++ = *in;
+			continue;
+		}
+		if (!isxdigit((unsigned char)in[1]) ||
+		    !isxdigit((unsigned char)in[2]))
+			return (KORE_RESULT_ERROR);
+		hex[0] = in[1];
+		hex[1] = in[2];
+		*out++ = (char)strtoul(hex, NULL, 16);
+		in += 2;
+	}
+
+	*len = (size_t)(out - s);
+	*out = '\0';
+
+	return (KORE_RESULT_OK);
 }
