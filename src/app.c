@@ -18,20 +18,55 @@
 #include "metrics.h"
 #include "problem.h"
 #include "provider_client.h"
+#include "reload.h"
 #include "routes.h"
 #include "settings.h"
 
 /*
  * Syscalls beyond Kore's own filters: libpq's stat() of ~/.pgpass and its
- * GSSAPI probe, and libcurl's getpeername().
+ * GSSAPI probe, libcurl's getpeername(), and the shutdown() that closes a
+ * database connection whose answer is overdue (db.c).
  */
-KORE_SECCOMP_FILTER("app",
-	KORE_SYSCALL_ALLOW(newfstatat),
-	KORE_SYSCALL_ALLOW(getdents64),
-	KORE_SYSCALL_ALLOW(clone3),
-	KORE_SYSCALL_ALLOW(rseq),
+#define APP_SYSCALLS							\
+	KORE_SYSCALL_ALLOW(shutdown),					\
+	KORE_SYSCALL_ALLOW(newfstatat),					\
+	KORE_SYSCALL_ALLOW(getdents64),					\
+	KORE_SYSCALL_ALLOW(clone3),					\
+	KORE_SYSCALL_ALLOW(rseq),					\
 	KORE_SYSCALL_ALLOW(getpeername)
+
+#if defined(IDEM_SANITIZE)
+/* What the sanitizers' runtime and reports need (sanitize flavor only). */
+KORE_SECCOMP_FILTER("app",
+	APP_SYSCALLS,
+	KORE_SYSCALL_ALLOW(readlink),
+	KORE_SYSCALL_ALLOW(readlinkat),
+	KORE_SYSCALL_ALLOW(openat),
+	KORE_SYSCALL_ALLOW(open),
+	KORE_SYSCALL_ALLOW(sigaltstack),
+	KORE_SYSCALL_ALLOW(prctl),
+	KORE_SYSCALL_ALLOW(sched_yield),
+	KORE_SYSCALL_ALLOW(getrlimit),
+	KORE_SYSCALL_ALLOW(prlimit64),
+	KORE_SYSCALL_ALLOW(gettid),
+	KORE_SYSCALL_ALLOW(tgkill),
+	KORE_SYSCALL_ALLOW(rt_sigaction),
+	KORE_SYSCALL_ALLOW(rt_sigprocmask),
+	KORE_SYSCALL_ALLOW(mprotect),
+	KORE_SYSCALL_ALLOW(madvise),
+	KORE_SYSCALL_ALLOW(munmap),
+	KORE_SYSCALL_ALLOW(mmap),
+	KORE_SYSCALL_ALLOW(fstat),
+	KORE_SYSCALL_ALLOW(lseek),
+	KORE_SYSCALL_ALLOW(pread64),
+	KORE_SYSCALL_ALLOW(getcwd),
+	KORE_SYSCALL_ALLOW(uname)
 );
+#else
+KORE_SECCOMP_FILTER("app",
+	APP_SYSCALLS
+);
+#endif
 
 int	api_init(int);
 void	kore_parent_configure(int, char **);
@@ -57,6 +92,12 @@ kore_parent_configure(int argc, char **argv)
 #if defined(DEV_ROUTES)
 		add_route("api", "/dev/canonical-json", "dev_canonical_json",
 		    HANDLER_TYPE_STATIC);
+#if defined(IDEM_SANITIZE)
+		add_route("api", "/dev/sanitizer-canary/heap",
+		    "dev_sanitizer_canary", HANDLER_TYPE_STATIC);
+		add_route("api", "/dev/sanitizer-canary/ub",
+		    "dev_sanitizer_canary", HANDLER_TYPE_STATIC);
+#endif
 		add_route("api", "/demo/naive/payments", "demo_naive_payments",
 		    HANDLER_TYPE_STATIC);
 		add_route("api", "/demo/fresh-provider-key/payments",
@@ -72,14 +113,26 @@ kore_parent_configure(int argc, char **argv)
 	}
 }
 
+/*
+ * Runs in each worker: when it starts, and around a reload (see reload.c).
+ * Whatever the old image set up is taken down before it goes; the new
+ * image finds the settings and the metrics again.
+ */
 int
 api_init(int state)
 {
 	if (state == KORE_MODULE_UNLOAD) {
+		if (reload_unload() != KORE_RESULT_OK)
+			return (KORE_RESULT_ERROR);
 		jobs_stop();
+		provider_client_unload();
+		auth_unload();
+		settings_unload();
 		return (KORE_RESULT_OK);
 	}
 
+	settings_load();
+	metrics_attach();
 	db_register();
 	auth_init();
 	provider_client_init();

@@ -48,6 +48,16 @@ auth_init(void)
 }
 
 /*
+ * The cache lives in the module's statics: freed before a reload drops
+ * them.
+ */
+void
+auth_unload(void)
+{
+	cache_flush();
+}
+
+/*
  * Resolves the request's bearer token to a client id, from the cache or
  * with one query.
  */

@@ -22,6 +22,7 @@ struct auth_lookup {
 };
 
 void	auth_init(void);
+void	auth_unload(void);
 int	auth_step(struct http_request *, struct auth_lookup *, char *);
 void	auth_cleanup(struct auth_lookup *);
 void	sha256_hex(const void *, size_t, char *);

@@ -16,6 +16,7 @@
 #include "idem.h"
 #include "metrics.h"
 #include "problem.h"
+#include "reload.h"
 #include "routes.h"
 
 #define BONUS_APPLY_SQL							\
@@ -56,6 +57,9 @@ static struct http_state	balance_states[] = {
 int
 bonuses(struct http_request *req)
 {
+	if (reload_defer(req))
+		return (KORE_RESULT_RETRY);
+
 	(void)idem_request(req, ROUTE_BONUSES_APPLY, &bonus_operation);
 
 	if (!idem_method(req, HTTP_METHOD_POST, "POST"))
@@ -67,6 +71,9 @@ bonuses(struct http_request *req)
 int
 bonus_balance(struct http_request *req)
 {
+	if (reload_defer(req))
+		return (KORE_RESULT_RETRY);
+
 	(void)idem_request(req, ROUTE_BONUSES_GET, NULL);
 
 	if (!idem_method(req, HTTP_METHOD_GET, "GET"))

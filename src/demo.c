@@ -22,6 +22,7 @@
 #include "metrics.h"
 #include "payments.h"
 #include "problem.h"
+#include "reload.h"
 #include "routes.h"
 
 #if defined(DEV_ROUTES)
@@ -61,6 +62,9 @@ static struct http_state	naive_states[] = {
 int
 demo_naive_payments(struct http_request *req)
 {
+	if (reload_defer(req))
+		return (KORE_RESULT_RETRY);
+
 	(void)payment_start(req, ROUTE_DEMO_NAIVE, &naive_operation,
 	    PROVIDER_KEY_FRESH);
 

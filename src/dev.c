@@ -5,7 +5,9 @@
 
 #include <sys/types.h>
 
+#include <limits.h>
 #include <stdio.h>
+#include <string.h>
 
 #include <kore/kore.h>
 #include <kore/http.h>
@@ -52,4 +54,33 @@ dev_canonical_json(struct http_request *req)
 	return (KORE_RESULT_OK);
 }
 
+#endif
+
+#if defined(IDEM_SANITIZE)
+/*
+ * GET /dev/sanitizer-canary/heap and /ub: a deliberate heap overflow or
+ * signed overflow, in the sanitizer build only, so that make
+ * test-sanitize proves the sanitizers watch the module before it trusts
+ * their silence.
+ */
+int
+dev_sanitizer_canary(struct http_request *req)
+{
+	volatile int	big, n;
+	char		*p;
+
+	if (!strcmp(req->path, "/dev/sanitizer-canary/ub")) {
+		big = INT_MAX;
+		n = big + 1;
+	} else {
+		p = kore_malloc(16);
+		n = ((volatile char *)p)[16];
+		kore_free(p);
+	}
+
+	kore_log(LOG_NOTICE, "sanitizer canary: %d", n);
+	http_response(req, HTTP_STATUS_OK, NULL, 0);
+
+	return (KORE_RESULT_OK);
+}
 #endif

@@ -20,7 +20,9 @@
 #include "db.h"
 #include "idem.h"
 #include "json.h"
+#include "metrics.h"
 #include "problem.h"
+#include "reload.h"
 #include "routes.h"
 #include "settings.h"
 
@@ -73,9 +75,15 @@ static struct http_state	charge_states[] = {
 int
 provider_init(int state)
 {
-	if (state == KORE_MODULE_UNLOAD)
+	if (state == KORE_MODULE_UNLOAD) {
+		if (reload_unload() != KORE_RESULT_OK)
+			return (KORE_RESULT_ERROR);
+		settings_unload();
 		return (KORE_RESULT_OK);
+	}
 
+	settings_load();
+	metrics_attach();
 	db_register();
 
 	return (KORE_RESULT_OK);
@@ -86,8 +94,12 @@ fake_provider_charges(struct http_request *req)
 {
 	struct charge_request	*c;
 
+	if (reload_defer(req))
+		return (KORE_RESULT_RETRY);
+
 	if (!http_state_exists(req)) {
 		c = http_state_create(req, sizeof(*c), charge_free);
+		reload_hold();
 		db_call_init(&c->db, req);
 		c->db_active = 1;
 	}
@@ -309,6 +321,8 @@ charge_free(struct http_request *req)
 	if (c->db_active)
 		db_call_cleanup(&c->db);
 	json_free(c->body);
+
+	reload_release();
 }
 
 static void

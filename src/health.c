@@ -9,6 +9,7 @@
 
 #include "db.h"
 #include "problem.h"
+#include "reload.h"
 #include "routes.h"
 
 #define HEALTH_SQL		"SELECT 1"
@@ -33,9 +34,13 @@ healthz(struct http_request *req)
 		return (KORE_RESULT_OK);
 	}
 
+	if (reload_defer(req))
+		return (KORE_RESULT_RETRY);
+
 	if (!http_state_exists(req)) {
 		h = http_state_create(req, sizeof(*h), health_free);
-		db_call_init(&h->db, req);
+		reload_hold();
+		db_call_init_health(&h->db, req);
 	}
 
 	return (health_query(req));
@@ -70,4 +75,5 @@ health_free(struct http_request *req)
 	struct health_check	*h = http_state_get(req);
 
 	db_call_cleanup(&h->db);
+	reload_release();
 }

@@ -18,6 +18,7 @@
 #include "idem.h"
 #include "metrics.h"
 #include "problem.h"
+#include "reload.h"
 
 static void	request_free(struct http_request *);
 static int	admit_key(struct http_request *, struct idem_request *);
@@ -50,6 +51,7 @@ idem_request(struct http_request *req, int route,
 		return (http_state_get(req));
 
 	r = http_state_create(req, sizeof(*r), request_free);
+	reload_hold();
 	r->started = kore_time_ms();
 	r->route = route;
 	r->op = op;
@@ -332,18 +334,43 @@ idem_fail_mismatch(struct http_request *req)
 	    "operation", r->key));
 }
 
+/*
+ * A failed database call: a retryable 503 whenever a retry with the same
+ * key can succeed (see db.h), a 500 only for a fault in the query.
+ */
 int
 idem_fail_db(struct http_request *req, struct db_call *c)
 {
-	if (c->error == DB_ERROR_UNAVAILABLE) {
-		http_response_header(req, "retry-after", "1");
-		return (idem_fail(req, PROBLEM_DATABASE_UNAVAILABLE,
-		    "the database did not answer; retry with the same "
-		    "Idempotency-Key"));
+	const char	*why;
+
+	switch (c->error) {
+	case DB_ERROR_QUERY:
+		return (idem_fail(req, PROBLEM_INTERNAL, "the database refused "
+		    "the request (SQLSTATE %s)",
+		    c->sqlstate[0] ? c->sqlstate : "none"));
+	case DB_ERROR_TIMEOUT:
+		why = "the database did not answer in time";
+		break;
+	case DB_ERROR_CONFLICT:
+		why = "the request conflicted with a concurrent one and was "
+		    "rolled back";
+		break;
+	case DB_ERROR_UNCONFIRMED:
+		why = "the database could not confirm that the request was "
+		    "saved on its standby, so its outcome is unknown";
+		break;
+	case DB_ERROR_READ_ONLY:
+		why = "the database is changing its primary";
+		break;
+	default:
+		why = "the database did not answer";
+		break;
 	}
 
-	return (idem_fail(req, PROBLEM_INTERNAL, "the database refused the "
-	    "request (SQLSTATE %s)", c->sqlstate[0] ? c->sqlstate : "none"));
+	http_response_header(req, "retry-after", "1");
+
+	return (idem_fail(req, PROBLEM_DATABASE_UNAVAILABLE, "%s; retry with "
+	    "the same Idempotency-Key", why));
 }
 
 static void
@@ -358,6 +385,8 @@ request_free(struct http_request *req)
 
 	if (r->extra != NULL && r->extra_free != NULL)
 		r->extra_free(r->extra);
+
+	reload_release();
 }
 
 static int

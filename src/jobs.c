@@ -11,6 +11,7 @@
 #include <kore/kore.h>
 
 #include "jobs.h"
+#include "reload.h"
 #include "settings.h"
 
 #define JOBS_POLL_MS		20
@@ -92,8 +93,10 @@ job_run(struct job *job, u_int64_t now)
 	int		r;
 
 	if (!job->running) {
-		if (now < job->next_run)
+		if (now < job->next_run || reload_pending())
 			return;
+		/* A round holds the worker: a reload waits for its end. */
+		reload_hold();
 		job->running = 1;
 		job->step = 0;
 	}
@@ -117,6 +120,7 @@ job_run(struct job *job, u_int64_t now)
 			job_db_reset(job);
 			job->running = 0;
 			job->next_run = now + job->interval_ms;
+			reload_release();
 			return;
 		default:
 			fatal("%s: step %s returned %d", job->name,

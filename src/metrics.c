@@ -16,6 +16,13 @@
 
 #define LATENCY_BUCKETS		11
 
+/* The Kore allocation that finds the mapping again after a reload. */
+#define METRICS_ANCHOR_TAG	0x69646d31
+
+struct metrics_anchor {
+	struct metrics_shared	*shared;
+};
+
 struct metrics_shared {
 	u_int64_t	requests[ROUTE_MAX][OUTCOME_MAX];
 	u_int64_t	latency[ROUTE_MAX][LATENCY_BUCKETS + 1];
@@ -76,12 +83,40 @@ static const u_int64_t	bucket_ms[LATENCY_BUCKETS] = {
 void
 metrics_init(void)
 {
+	struct metrics_anchor	*anchor;
+
 	shared = mmap(NULL, sizeof(*shared), PROT_READ | PROT_WRITE,
 	    MAP_SHARED | MAP_ANONYMOUS, -1, 0);
 	if (shared == MAP_FAILED)
 		fatal("%s: mmap: %s", __func__, errno_s);
 
 	memset(shared, 0, sizeof(*shared));
+
+	/*
+	 * A reload drops the module's statics, this pointer among them, in
+	 * the parent and in the workers; the mapping itself stays, and so
+	 * does Kore's memory, where a tagged allocation remembers it.
+	 */
+	anchor = kore_malloc_tagged(sizeof(*anchor), METRICS_ANCHOR_TAG);
+	anchor->shared = shared;
+}
+
+/*
+ * Finds the mapping the parent made, in a worker whose module was loaded
+ * again (a reload, or a worker forked by a reloaded parent).
+ */
+void
+metrics_attach(void)
+{
+	struct metrics_anchor	*anchor;
+
+	if (shared != NULL)
+		return;
+
+	if ((anchor = kore_mem_lookup(METRICS_ANCHOR_TAG)) == NULL)
+		fatal("%s: the parent made no metrics mapping", __func__);
+
+	shared = anchor->shared;
 }
 
 void

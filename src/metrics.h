@@ -37,6 +37,7 @@
 #define COUNTER_MAX			5
 
 void	metrics_init(void);
+void	metrics_attach(void);
 void	metrics_request(int, int, u_int64_t);
 void	metrics_count(int, u_int64_t);
 void	metrics_db_error(void);

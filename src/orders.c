@@ -11,6 +11,7 @@
 #include "idem.h"
 #include "metrics.h"
 #include "problem.h"
+#include "reload.h"
 #include "routes.h"
 
 #define ORDER_CREATE_SQL						\
@@ -52,6 +53,9 @@ static struct http_state	list_states[] = {
 int
 orders(struct http_request *req)
 {
+	if (reload_defer(req))
+		return (KORE_RESULT_RETRY);
+
 	switch (req->method) {
 	case HTTP_METHOD_POST:
 		return (order_create(req));

@@ -23,6 +23,7 @@
 #include "metrics.h"
 #include "payments.h"
 #include "problem.h"
+#include "reload.h"
 #include "routes.h"
 #include "settings.h"
 
@@ -81,6 +82,9 @@ int
 payment_run(struct http_request *req, int route,
     const struct idem_operation *op, int key_kind)
 {
+	if (reload_defer(req))
+		return (KORE_RESULT_RETRY);
+
 	(void)payment_start(req, route, op, key_kind);
 
 	if (!idem_method(req, HTTP_METHOD_POST, "POST"))

@@ -75,6 +75,32 @@ provider_client_init(void)
 }
 
 /*
+ * Before a reload: the multi handle holds our callbacks. No call is in
+ * flight then (each belongs to a request or a job round, which hold the
+ * worker), so cleaning it up only closes idle connections.
+ */
+void
+provider_client_unload(void)
+{
+	if (timer != NULL) {
+		kore_timer_remove(timer);
+		timer = NULL;
+	}
+
+	if (multi != NULL) {
+		curl_multi_cleanup(multi);
+		multi = NULL;
+	}
+
+	/* Kore reloads from its loop, after the event batch: free them now. */
+	if (reaper != NULL) {
+		kore_timer_remove(reaper);
+		reaper = NULL;
+	}
+	graveyard_free(NULL, 0);
+}
+
+/*
  * Starts POST /v1/charges with the given Idempotency-Key and JSON body.
  */
 void

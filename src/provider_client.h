@@ -41,6 +41,7 @@ struct provider_call {
 };
 
 void	provider_client_init(void);
+void	provider_client_unload(void);
 void	provider_call_start(struct provider_call *, const char *,
 	    const char *, size_t);
 void	provider_call_cleanup(struct provider_call *);

@@ -20,6 +20,9 @@ int	v_customer_id(struct http_request *, const void *);
 
 #if defined(DEV_ROUTES)
 int	dev_canonical_json(struct http_request *);
+#if defined(IDEM_SANITIZE)
+int	dev_sanitizer_canary(struct http_request *);
+#endif
 int	demo_naive_payments(struct http_request *);
 int	demo_fresh_provider_key_payments(struct http_request *);
 #endif

@@ -15,6 +15,10 @@
 
 #include "settings.h"
 
+/* URLs the service builds others on stay well inside its buffers. */
+#define SETTINGS_URL_MAX	256
+#define SETTINGS_TEXT_MAX	4096
+
 #define EMBEDDED_DATABASE_URL						\
 	"host=127.0.0.1 port=54329 dbname=idem user=idem "		\
 	"sslmode=disable gssencmode=disable connect_timeout=3"
@@ -31,6 +35,7 @@ struct text_setting {
 	const char	*name;
 	char		**value;
 	const char	*def;
+	size_t		max;
 };
 
 struct settings		settings;
@@ -38,6 +43,7 @@ struct settings		settings;
 static void	load_number(const struct number_setting *);
 static void	load_text(const struct text_setting *);
 static void	check_port(const char *, const char *);
+static void	check_url(const char *, const char *);
 
 static const struct number_setting	numbers[] = {
 	{ "IDEM_PROVIDER_TIMEOUT_MS", &settings.provider_timeout_ms,
@@ -56,22 +62,32 @@ static const struct number_setting	numbers[] = {
 	    10, 1, 86400 },
 	{ "IDEM_AUTH_CACHE_SECONDS", &settings.auth_cache_seconds,
 	    60, 0, 3600 },
+	{ "IDEM_DB_TIMEOUT_MS", &settings.db_timeout_ms, 5000, 100, 600000 },
 };
 
 static const struct text_setting	texts[] = {
-	{ "IDEM_DATABASE_URL", &settings.database_url, EMBEDDED_DATABASE_URL },
-	{ "IDEM_HOST", &settings.host, "127.0.0.1" },
-	{ "IDEM_PORT", &settings.port, "8888" },
-	{ "IDEM_PROVIDER_PORT", &settings.provider_port, "8889" },
-	{ "IDEM_PROVIDER_URL", &settings.provider_url, "http://127.0.0.1:8889" },
-	{ "IDEM_PUBLIC_URL", &settings.public_url, NULL },
+	{ "IDEM_DATABASE_URL", &settings.database_url, EMBEDDED_DATABASE_URL,
+	    SETTINGS_TEXT_MAX },
+	{ "IDEM_HOST", &settings.host, "127.0.0.1", 255 },
+	{ "IDEM_PORT", &settings.port, "8888", 5 },
+	{ "IDEM_PROVIDER_PORT", &settings.provider_port, "8889", 5 },
+	{ "IDEM_PROVIDER_URL", &settings.provider_url, "http://127.0.0.1:8889",
+	    SETTINGS_URL_MAX },
+	{ "IDEM_PUBLIC_URL", &settings.public_url, NULL, SETTINGS_URL_MAX },
 };
 
+/*
+ * Reads every setting; once per image of the module (the parent at start,
+ * a worker whose module was reloaded).
+ */
 void
 settings_load(void)
 {
 	size_t		i;
-	char		url[256];
+	char		url[64];
+
+	if (settings.loaded)
+		return;
 
 	for (i = 0; i < sizeof(numbers) / sizeof(numbers[0]); i++)
 		load_number(&numbers[i]);
@@ -88,6 +104,9 @@ settings_load(void)
 		settings.public_url = kore_strdup(url);
 	}
 
+	check_url("IDEM_PROVIDER_URL", settings.provider_url);
+	check_url("IDEM_PUBLIC_URL", settings.public_url);
+
 	/*
 	 * A lease that ends while its holder still waits for the provider
 	 * lets a retry take the key and call the provider a second time.
@@ -99,6 +118,24 @@ settings_load(void)
 		    "lower the provider timeout", settings.lease_seconds,
 		    settings.provider_timeout_ms);
 	}
+
+	settings.loaded = 1;
+}
+
+/*
+ * Frees the texts before a reload drops the module's statics.
+ */
+void
+settings_unload(void)
+{
+	size_t		i;
+
+	for (i = 0; i < sizeof(texts) / sizeof(texts[0]); i++) {
+		kore_free(*texts[i].value);
+		*texts[i].value = NULL;
+	}
+
+	memset(&settings, 0, sizeof(settings));
 }
 
 static void
@@ -129,8 +166,13 @@ load_text(const struct text_setting *s)
 {
 	const char	*env;
 
-	if ((env = getenv(s->name)) != NULL && *env != '\0')
+	if ((env = getenv(s->name)) != NULL && *env != '\0') {
+		if (strlen(env) > s->max) {
+			fatal("%s: %zu bytes, at most %zu are accepted",
+			    s->name, strlen(env), s->max);
+		}
 		*s->value = kore_strdup(env);
+	}
 	else if (s->def != NULL)
 		*s->value = kore_strdup(s->def);
 	else
@@ -147,4 +189,20 @@ check_port(const char *name, const char *value)
 	port = strtol(value, &end, 10);
 	if (errno != 0 || *end != '\0' || port < 1 || port > 65535)
 		fatal("%s=%s: expected a TCP port from 1 to 65535", name, value);
+}
+
+/*
+ * A base URL the service builds other URLs on: http(s), no trailing slash.
+ */
+static void
+check_url(const char *name, const char *value)
+{
+	size_t		len;
+
+	len = strlen(value);
+	if ((strncmp(value, "http://", 7) && strncmp(value, "https://", 8)) ||
+	    value[len - 1] == '/') {
+		fatal("%s=%s: expected an http:// or https:// URL without a "
+		    "trailing slash", name, value);
+	}
 }

@@ -23,10 +23,13 @@ struct settings {
 	u_int32_t	recovery_after_seconds;
 	u_int32_t	recovery_interval_seconds;
 	u_int32_t	auth_cache_seconds;
+	u_int32_t	db_timeout_ms;
+	int		loaded;
 };
 
 extern struct settings	settings;
 
 void	settings_load(void);
+void	settings_unload(void);
 
 #endif

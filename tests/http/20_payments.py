@@ -173,7 +173,7 @@ conf = os.path.join(TMP, "refused.conf")
 with open(os.path.join(ROOT, "kore.conf")) as f:
     text = f.read().replace("load ./app.so", f"load {ROOT}/app.so")
 with open(conf, "w") as f:
-    f.write(text.replace("pidfile api.pid", f"pidfile {TMP}/refused.pid"))
+    f.write(text.replace("pidfile kore.pid", f"pidfile {TMP}/refused.pid"))
 out = subprocess.run(["kore", "-fnrc", conf], cwd=ROOT, env=env, capture_output=True,
                      text=True, timeout=30)
 t.ok(out.returncode != 0, "kore refuses to start with lease 5 s and timeout 5000 ms")

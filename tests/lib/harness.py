@@ -303,6 +303,9 @@ class Kore:
         self.env = dict(os.environ)
         self.env.update({k: str(v) for k, v in env.items()})
         self.env["IDEM_DATABASE_URL"] = DB_URL
+        # make test-sanitize: the sanitizers' runtime, for kore alone.
+        if os.environ.get("IDEM_TEST_KORE_PRELOAD"):
+            self.env["LD_PRELOAD"] = os.environ["IDEM_TEST_KORE_PRELOAD"]
         self.conf = os.path.join(TMP, f"{name}.conf")
         self.logpath = os.path.join(TMP, f"{name}.log")
         with open(os.path.join(ROOT, conf)) as f:

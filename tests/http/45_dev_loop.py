@@ -1,0 +1,129 @@
+"""The dev loop: `make run` (scripts/run) watches the sources; an edited .c
+or .h file is built and loaded into the running processes by a reload, with
+the same workers and the same database; a build that fails leaves the old
+code serving; Ctrl-C stops the stack with exit status 0.
+
+Runs on a copy of the tree, so that the edits touch nothing of the repo."""
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "lib"))
+from harness import (DB_URL, ROOT, TMP, Tap, alive, free_port, new_key,  # noqa: E402
+                     post, request, wait_until)
+
+t = Tap()
+
+copy = os.path.join(TMP, "devloop")
+files = subprocess.run(["git", "ls-files", "-co", "--exclude-standard"], cwd=ROOT,
+                       check=True, capture_output=True, text=True).stdout.split()
+for f in files:
+    if os.path.isfile(os.path.join(ROOT, f)):
+        os.makedirs(os.path.join(copy, os.path.dirname(f)), exist_ok=True)
+        shutil.copy2(os.path.join(ROOT, f), os.path.join(copy, f))
+
+port, provider_port = free_port(), free_port()
+env = dict(os.environ, IDEM_DATABASE_URL=DB_URL, IDEM_PORT=str(port),
+           IDEM_PROVIDER_PORT=str(provider_port),
+           IDEM_PROVIDER_URL=f"http://127.0.0.1:{provider_port}")
+logpath = os.path.join(TMP, "devloop.log")
+log = open(logpath, "w")
+run = subprocess.Popen(["bash", "scripts/run"], cwd=copy, env=env, stdout=log,
+                       stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def output():
+    with open(logpath) as f:
+        return f.read()
+
+
+def answers():
+    try:
+        return request(port, "GET", "/healthz", timeout=2).status == 200
+    except OSError:
+        return False
+
+
+def title():
+    return request(port, "GET", "/nope").json()["title"]
+
+
+def workers():
+    with open(os.path.join(copy, "kore.pid")) as f:
+        pid = int(f.read())
+    with open(f"/proc/{pid}/task/{pid}/children") as f:
+        return sorted(int(p) for p in f.read().split())
+
+
+def edit(path, old, new):
+    path = os.path.join(copy, path)
+    with open(path) as f:
+        text = f.read()
+    assert old in text, (path, old)
+    with open(path, "w") as f:
+        f.write(text.replace(old, new))
+
+
+def order(comment):
+    return post(port, "/v1/orders", {"customer_id": "c-loop", "amount": 500,
+                                     "currency": "RUB", "comment": comment},
+                key=new_key("loop"))
+
+
+try:
+    wait_until(lambda: run.poll() is not None or answers(), "make run to serve",
+               timeout=180)
+    t.ok(answers(), "make run serves the API", output()[-3000:])
+    before = workers()
+    t.eq(title(), "No such resource", "the code as it was")
+    t.eq(order("x" * 1500).status, 400, "a 1500-byte comment is refused (limit 1024)")
+
+    # A .c file.
+    edit("src/problem.c", '"No such resource"', '"No such resource here"')
+    wait_until(lambda: title() == "No such resource here", "the edit to serve", timeout=90)
+    t.ok(all(title() == "No such resource here" for _ in range(10)),
+         "an edited .c file serves within seconds")
+    t.eq(workers(), before, "by the same workers: none lost")
+
+    # A header: every file that includes it is built again.
+    edit("src/idem.h", "#define IDEM_TEXT_MAX\t\t1024", "#define IDEM_TEXT_MAX\t\t2048")
+    wait_until(lambda: order("x" * 1500).status == 201, "the header edit to serve",
+               timeout=120)
+    t.eq(order("x" * 1500).status, 201, "an edited header rebuilds what includes it")
+    t.eq(workers(), before, "still the same workers")
+
+    # A build that fails keeps the last good code.
+    edit("src/problem.c", '"No such resource here"', '"No such resource here" !')
+    wait_until(lambda: "build failed" in output(), "the broken build to be reported",
+               timeout=90)
+    t.eq(title(), "No such resource here", "a failed build leaves the old code serving")
+    t.ok("error" in output(), "and prints the compiler's errors")
+    edit("src/problem.c", '"No such resource here" !', '"No such resource again"')
+    wait_until(lambda: title() == "No such resource again", "the fix to serve",
+               timeout=90)
+    t.eq(workers(), before, "the same workers after all three edits")
+finally:
+    # Ctrl-C: SIGINT to the whole foreground group.
+    pids = []
+    try:
+        pids = workers()
+    except (OSError, ValueError):
+        pass
+    if run.poll() is None:
+        os.killpg(run.pid, signal.SIGINT)
+    try:
+        status = run.wait(30)
+    except subprocess.TimeoutExpired:
+        os.killpg(run.pid, signal.SIGKILL)
+        status = run.wait(10)
+
+t.eq(status, 0, "Ctrl-C stops make run with exit status 0")
+time.sleep(0.5)
+t.ok(not answers(), "and the API with it")
+t.ok(not any(alive(p) for p in pids), "no worker is left behind")
+shutil.rmtree(copy, ignore_errors=True)
+t.done()

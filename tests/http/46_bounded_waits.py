@@ -1,0 +1,209 @@
+"""Every wait is bounded by IDEM_DB_TIMEOUT_MS: a held row lock, a full
+pool, a commit that waits for a standby that never confirms. Past it the
+client gets a retryable 503 problem with Retry-After and nothing is
+committed (or, for a commit whose outcome is unknown, the retry with the
+same key settles it exactly once). /healthz answers within a second
+meanwhile. The isolation level the design needs is pinned, and a deadlock
+is a 503, never a 500."""
+
+import os
+import re
+import subprocess
+import sys
+import time
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "lib"))
+from harness import (Api, Background, Kore, PsqlSession, Tap,  # noqa: E402
+                     fingerprint, free_port, key_row, new_key, quote, request, sql,
+                     sql_value, wait_until)
+
+TIMEOUT_MS = 3000
+t = Tap()
+api = Api(name="api-waits", IDEM_DB_TIMEOUT_MS=TIMEOUT_MS).start()
+DB = sql_value("select current_database()")
+WORKERS = sorted(api.workers())
+
+
+def bonus(customer, points, key=None, timeout=30):
+    return api.post("/v1/bonuses", {"customer_id": customer, "points": points,
+                                    "reason": "waits"}, key=key or new_key("w"),
+                    timeout=timeout)
+
+
+def order(key, timeout=30):
+    return api.post("/v1/orders", {"customer_id": "c-waits", "amount": 700,
+                                   "currency": "RUB"}, key=key, timeout=timeout)
+
+
+def retryable(r):
+    return (r.status == 503 and r.headers.get("retry-after") == "1" and
+            r.headers.get("content-type") == "application/problem+json" and
+            r.json()["type"].endswith("/problems/database-unavailable"))
+
+
+def ledger(customer):
+    return int(sql_value("select count(*) from bonus_ledger where client_id = 'shop-1'"
+                         f" and customer_id = {quote(customer)}"))
+
+
+def lock_account(customer):
+    s = PsqlSession()
+    s.run("begin; select balance from bonus_accounts where client_id = 'shop-1'"
+          f" and customer_id = {quote(customer)} for update;")
+    return s
+
+
+# A row lock held by someone else (a hot account, a migration).
+t.eq(bonus("c-locked", 100).status, 201, "an account with 100 points")
+held = lock_account("c-locked")
+key = new_key("locked")
+started = time.monotonic()
+r = bonus("c-locked", -10, key=key, timeout=15)
+took = time.monotonic() - started
+t.ok(retryable(r), "a request that waits on a held lock gets a retryable 503", r)
+t.ok(took < TIMEOUT_MS / 1000 + 2, f"after about IDEM_DB_TIMEOUT_MS ({took:.1f} s)")
+t.eq(key_row(key), None, "the key is not taken")
+t.eq(ledger("c-locked"), 1, "no ledger row is written")
+
+# A full pool: every connection waits on the lock, more requests queue.
+pending = [Background(bonus, "c-locked", -1, timeout=30) for _ in range(40)]
+time.sleep(0.5)
+started = time.monotonic()
+h = request(api.port, "GET", "/healthz", timeout=5)
+took = time.monotonic() - started
+t.ok(h.status == 200 and took <= 1.0,
+     f"/healthz answers 200 within a second while the pool is blocked ({took:.2f} s)", h)
+answers = [p.wait(30) for p in pending]
+t.ok(all(retryable(a) for a in answers),
+     "every queued or waiting request gets a retryable 503, none a 500",
+     sorted(set(a.status for a in answers)))
+t.eq(ledger("c-locked"), 1, "none of them wrote a ledger row")
+held.run("rollback;")
+held.close()
+r = bonus("c-locked", -10, key=key)
+t.ok(r.status == 201 and r.json()["balance"] == 90,
+     "once the lock is gone the same key succeeds", r)
+
+# A deadlock: the request waits for an account this session holds, and the
+# session then waits for the request's key. PostgreSQL breaks the cycle by
+# rolling the request back (40P01).
+t.eq(bonus("c-dead", 50).status, 201, "another account")
+s = lock_account("c-dead")
+key = new_key("dead")
+pending = Background(bonus, "c-dead", 5, key=key, timeout=30)
+wait_until(lambda: int(sql_value(
+    "select count(*) from pg_stat_activity where wait_event_type = 'Lock'"
+    " and query like '%bonus_apply(%'")) == 1, "the request to wait for the account")
+s.run("insert into idempotency_keys (client_id, idem_key, operation, fingerprint,"
+      f" status) values ('shop-1', {quote(key)}, 'bonuses.apply', repeat('d', 64),"
+      " 'in_progress') on conflict do nothing;")
+r = pending.wait(30)
+t.ok(retryable(r), "a request rolled back by a deadlock gets a retryable 503", r)
+s.run("rollback;")
+s.close()
+r = bonus("c-dead", 5, key=key)
+t.ok(r.status == 201 and not r.replayed, "and its retry succeeds", r)
+t.eq(ledger("c-dead"), 2, "one ledger row for it")
+
+# The isolation level is pinned: with the database's default made
+# REPEATABLE READ, a duplicate that waited on the key still replays.
+sql(f"alter database {DB} set default_transaction_isolation = 'repeatable read'")
+try:
+    strict = Api(name="api-strict").start()
+    key = new_key("iso")
+    first = PsqlSession()
+    first.run("begin; insert into idempotency_keys (client_id, idem_key, operation,"
+              " fingerprint, status, status_code, response, finished_at) values"
+              f" ('shop-1', {quote(key)}, 'orders.create',"
+              f" {quote(fingerprint({'customer_id': 'c-waits', 'amount': 700, 'currency': 'RUB'}))},"
+              """ 'done', 201, '{"order_id":0}', now());""")
+    dup = Background(strict.post, "/v1/orders", {"customer_id": "c-waits", "amount": 700,
+                                                  "currency": "RUB"}, key=key)
+    wait_until(lambda: int(sql_value(
+        "select count(*) from pg_stat_activity where wait_event_type = 'Lock'"
+        " and query like '%order_create(%'")) == 1, "the duplicate to wait on the key")
+    first.run("commit;")
+    first.close()
+    r = dup.wait(30)
+    t.ok(r.status == 201 and r.replayed and r.body == b'{"order_id":0}',
+         "under a REPEATABLE READ default the waiting duplicate still replays", r)
+    strict.stop()
+finally:
+    sql(f"alter database {DB} reset default_transaction_isolation")
+
+
+def sync_rep(names):
+    sql(f"alter system set synchronous_standby_names = {quote(names)}")
+    sql("select pg_reload_conf()")
+    time.sleep(0.5)
+
+
+def waiting_for_standby():
+    return int(sql_value("select count(*) from pg_stat_activity"
+                         " where wait_event = 'SyncRep'"))
+
+
+# A commit waits for a synchronous standby that never confirms. Cancelled,
+# PostgreSQL keeps the commit and says so only in a warning: the outcome is
+# unknown, never a success.
+sync_rep("idem_test_no_such_standby")
+try:
+    cancelled_key, stuck_key = new_key("unconfirmed"), new_key("stuck")
+    cancelled = Background(order, cancelled_key, timeout=30)
+    wait_until(lambda: waiting_for_standby() == 1, "the commit to wait for the standby")
+    sql("select pg_cancel_backend(pid) from pg_stat_activity where wait_event = 'SyncRep'")
+    r = cancelled.wait(30)
+    t.ok(retryable(r), "a commit whose standby wait was cancelled is a retryable 503", r)
+    t.ok("could not confirm" in r.json()["detail"], "whose detail says the outcome is unknown",
+         r.json())
+
+    started = time.monotonic()
+    r = order(stuck_key, timeout=30)
+    took = time.monotonic() - started
+    t.ok(retryable(r), "a commit nobody confirms is a retryable 503", r)
+    t.ok(took < TIMEOUT_MS / 1000 + 3, f"after about IDEM_DB_TIMEOUT_MS ({took:.1f} s)")
+finally:
+    sync_rep("")
+for k in (cancelled_key, stuck_key):
+    wait_until(lambda: waiting_for_standby() == 0, "the standby waits to end")
+    r = order(k)
+    t.ok(r.status == 201 and r.replayed,
+         "the retry replays what was committed locally", r)
+    t.eq(sql_value(f"select count(*) from orders where idem_key = {quote(k)}"), "1",
+         "one order for the key")
+t.eq(request(api.port, "GET", "/healthz").status, 200, "the API is healthy after all this")
+t.eq(sorted(api.workers()), WORKERS, "the same two workers serve: none died")
+log = api.read_log()
+t.ok(not re.search(r"exited with status|gone", log), "no worker died")
+t.ok("committed locally" in log or "synchronous replication" in log,
+     "the unconfirmed commit is logged")
+api.stop()
+
+# Settings that cannot work are refused at start, with the variable named.
+for var, value in (("IDEM_PUBLIC_URL", "http://" + "a" * 600),
+                   ("IDEM_DB_TIMEOUT_MS", "0"),
+                   ("IDEM_PROVIDER_URL", "http://127.0.0.1:8889/")):
+    bad = Api(name=f"api-bad-{var}", **{var: value})
+    bad.log = open(bad.logpath, "a")
+    proc = subprocess.Popen(["kore", "-fnrc", bad.conf], cwd=bad.env.get("PWD", "."),
+                            env=bad.env, stdout=bad.log, stderr=subprocess.STDOUT)
+    try:
+        code = proc.wait(15)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        code = None
+    t.ok(code not in (0, None) and var in bad.read_log(),
+         f"{var}={value[:20]}... is refused at start with a message naming it",
+         bad.read_log()[-500:])
+
+# A database that refuses connections: libpq's own words are logged.
+closed = free_port()
+down = Api(name="api-db-down")
+down.env["IDEM_DATABASE_URL"] = f"host=127.0.0.1 port={closed} dbname=idem user=idem" \
+    " sslmode=disable gssencmode=disable connect_timeout=3"
+Kore.start(down, lambda: request(down.port, "GET", "/healthz", timeout=2).status == 503)
+down.stop()
+t.ok(re.search(r"database call failed \(no sqlstate\): connection to server at .*"
+               r"failed: Connection refused", down.read_log()),
+     "a refused connection is logged with libpq's message", down.read_log()[-800:])
+t.done()
