@@ -21,7 +21,7 @@
 
 #define BONUS_APPLY_SQL							\
 	"SELECT outcome, status_code, response FROM "			\
-	"bonus_apply($1, $2, $3, $4, $5::bigint, $6, $7, $8)"
+	"bonus_apply($1, $2, $3, $4, $5::bigint, $6, $7, $8, $9, $10)"
 
 #define BONUS_BALANCE_SQL	"SELECT bonus_balance($1, $2)"
 #define BONUS_PATH_PREFIX	"/v1/bonuses/"
@@ -96,10 +96,11 @@ static int
 bonus_apply_execute(struct http_request *req)
 {
 	struct idem_request	*r = http_state_get(req);
-	const char		*params[8];
-	char			type[512];
+	const char		*params[10];
+	char			type[512], limit_type[512];
 
 	problem_type_url(PROBLEM_INSUFFICIENT_BALANCE, type, sizeof(type));
+	problem_type_url(PROBLEM_BALANCE_LIMIT, limit_type, sizeof(limit_type));
 
 	params[0] = r->client_id;
 	params[1] = r->key;
@@ -109,8 +110,10 @@ bonus_apply_execute(struct http_request *req)
 	params[5] = r->values[2];
 	params[6] = type;
 	params[7] = problem_title(PROBLEM_INSUFFICIENT_BALANCE);
+	params[8] = limit_type;
+	params[9] = problem_title(PROBLEM_BALANCE_LIMIT);
 
-	return (idem_execute(req, BONUS_APPLY_SQL, 8, params));
+	return (idem_execute(req, BONUS_APPLY_SQL, 10, params));
 }
 
 static int

@@ -53,6 +53,8 @@ static const struct problem_type	problems[PROBLEM_MAX] = {
 	    "Method not allowed on this resource" },
 	[PROBLEM_INTERNAL] = { 500, "internal-error",
 	    "Internal server error" },
+	[PROBLEM_BALANCE_LIMIT] = { 422, "balance-limit-exceeded",
+	    "Bonus balance would pass 2^53-1" },
 };
 
 const char *

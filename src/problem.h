@@ -26,7 +26,8 @@
 #define PROBLEM_NOT_FOUND		14
 #define PROBLEM_METHOD_NOT_ALLOWED	15
 #define PROBLEM_INTERNAL		16
-#define PROBLEM_MAX			17
+#define PROBLEM_BALANCE_LIMIT		17
+#define PROBLEM_MAX			18
 
 #define PROBLEM_CONTENT_TYPE	"application/problem+json"
 #define JSON_CONTENT_TYPE	"application/json"
