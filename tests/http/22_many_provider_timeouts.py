@@ -27,8 +27,9 @@ ROUNDS, SLOW, BORDERLINE = 5, 24, 24
 # "slow" thinks the latency plus the provider's own timeout setting plus 1 s.
 provider = Provider(IDEM_PROVIDER_LATENCY_MS=LATENCY_MS,
                     IDEM_PROVIDER_TIMEOUT_MS=TIMEOUT_MS).start()
-api = Api(IDEM_PROVIDER_URL=provider.url, IDEM_PROVIDER_TIMEOUT_MS=TIMEOUT_MS,
-          IDEM_LEASE_SECONDS=2).start()
+# Its own log: other tests' servers append their shutdown to api.log.
+api = Api(name="api-timeouts", IDEM_PROVIDER_URL=provider.url,
+          IDEM_PROVIDER_TIMEOUT_MS=TIMEOUT_MS, IDEM_LEASE_SECONDS=2).start()
 pids = [api.proc.pid] + api.workers()
 
 

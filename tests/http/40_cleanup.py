@@ -12,7 +12,8 @@ from harness import (Api, Provider, Tap, key_row, metric, new_key, quote,  # noq
 
 t = Tap()
 provider = Provider().start()
-api = Api(IDEM_PROVIDER_URL=provider.url, IDEM_RETENTION_SECONDS=2,
+# Its own log (read below): other tests' servers append to api.log.
+api = Api(name="api-cleanup", IDEM_PROVIDER_URL=provider.url, IDEM_RETENTION_SECONDS=2,
           IDEM_CLEANUP_INTERVAL_SECONDS=1, IDEM_CLEANUP_BATCH=3).start()
 
 
