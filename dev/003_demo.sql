@@ -33,3 +33,8 @@ $$;
 
 comment on function demo_naive_save(text, text, text, jsonb, text) is
     'Demo only: saves a payment and its key after the charge (the race).';
+
+-- The fresh-provider-key demo is the lease strategy with another provider
+-- key: its keys are settled like a payment's, and never recovered.
+select idem_operation('demo.fresh-provider-key', 'lease', 'payment_settle',
+    null, false);

@@ -83,26 +83,26 @@ try:
     t.eq(order("x" * 1500).status, 400, "a 1500-byte comment is refused (limit 1024)")
 
     # A .c file.
-    edit("src/problem.c", '"No such resource"', '"No such resource here"')
+    edit("src/core/problem.c", '"No such resource"', '"No such resource here"')
     wait_until(lambda: title() == "No such resource here", "the edit to serve", timeout=90)
     t.ok(all(title() == "No such resource here" for _ in range(10)),
          "an edited .c file serves within seconds")
     t.eq(workers(), before, "by the same workers: none lost")
 
     # A header: every file that includes it is built again.
-    edit("src/idem.h", "#define IDEM_TEXT_MAX\t\t1024", "#define IDEM_TEXT_MAX\t\t2048")
+    edit("src/core/idem.h", "#define IDEM_TEXT_MAX\t\t1024", "#define IDEM_TEXT_MAX\t\t2048")
     wait_until(lambda: order("x" * 1500).status == 201, "the header edit to serve",
                timeout=120)
     t.eq(order("x" * 1500).status, 201, "an edited header rebuilds what includes it")
     t.eq(workers(), before, "still the same workers")
 
     # A build that fails keeps the last good code.
-    edit("src/problem.c", '"No such resource here"', '"No such resource here" !')
+    edit("src/core/problem.c", '"No such resource here"', '"No such resource here" !')
     wait_until(lambda: "build failed" in output(), "the broken build to be reported",
                timeout=90)
     t.eq(title(), "No such resource here", "a failed build leaves the old code serving")
     t.ok("error" in output(), "and prints the compiler's errors")
-    edit("src/problem.c", '"No such resource here" !', '"No such resource again"')
+    edit("src/core/problem.c", '"No such resource here" !', '"No such resource again"')
     wait_until(lambda: title() == "No such resource again", "the fix to serve",
                timeout=90)
     t.eq(workers(), before, "the same workers after all three edits")

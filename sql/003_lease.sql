@@ -1,0 +1,293 @@
+-- The lease strategy, for operations outside this database (a charge, a
+-- refund at a payment provider). The key is taken first (lease_reserve:
+-- in_progress, a lease and a fencing token lease_id), the provider is
+-- called outside any transaction with a key derived from the client's,
+-- then the outcome is saved (lease_complete) or the lease given back
+-- (lease_release). Abandoned keys are finished by the recovery job
+-- (lease_recover_claim, lease_recover_release), which backs off per key.
+--
+-- An operation is registered with idem_operation('name', 'lease', run,
+-- admit): run(p_client, p_key, p_request, p_provider_id, p_status,
+-- p_problem) returns table (status_code int, response text) saves a
+-- success (p_provider_id: the provider's id of it) or a refusal (p_status,
+-- p_problem: the saved problem); the optional admit(p_client, p_key,
+-- p_request) returns table (status_code int, response text, request jsonb)
+-- runs when a new key is taken, and refuses it (a status) or gives the
+-- request to keep (with what the provider call needs).
+
+drop function if exists payment_answer(text, text, text, text);
+drop function if exists payment_reserve(text, text, text, text, jsonb, int);
+drop function if exists payment_reserve(text, text, text, text, jsonb, int,
+    int);
+drop function if exists payment_complete(text, text, bigint, text, int,
+    text);
+drop function if exists payment_release(text, text, bigint);
+drop function if exists payment_recover_claim(int, int);
+drop function if exists payment_recover_claim(int, int, int);
+drop function if exists payment_recover_release(text, text, bigint, int,
+    int);
+
+-- What the row of an existing key answers to another attempt: mismatch,
+-- replayed (done), in_flight (its lease holds) or expired (it may be taken
+-- over). No row when the key is new. In flight, retry_after is the seconds
+-- until the holder's provider call gives up, at least 1: a holder that has
+-- given up is releasing the key (or has died and keeps it until its lease
+-- ends), so a retry may go on in a second.
+create or replace function lease_answer(p_client text, p_key text,
+    p_operation text, p_fingerprint text)
+returns table (outcome text, lease_id bigint, status_code int,
+    response text, retry_after int, request jsonb)
+language sql stable as $$
+	select case when k.operation <> p_operation or
+		    k.fingerprint <> p_fingerprint then 'mismatch'
+		    when k.status = 'done' then 'replayed'
+		    when k.locked_until > now() then 'in_flight'
+		    else 'expired' end,
+	       k.lease_id, k.status_code, k.response,
+	       greatest(1, ceil(extract(epoch from least(k.locked_until,
+		   coalesce(k.call_deadline, k.locked_until)) - now())))::int,
+	       null::jsonb
+	  from idempotency_keys k
+	 where k.client_id = p_client and k.idem_key = p_key;
+$$;
+
+comment on function lease_answer(text, text, text, text) is
+    'The state of an existing key as lease_reserve() answers it.';
+
+-- Takes the key for one attempt: inserts it in_progress with a lease, or
+-- takes over a row whose lease expired (its worker died, or gave the lease
+-- back) if it is the same request. Otherwise says why not. p_call_ms is
+-- the provider timeout of this attempt's call. A new key runs the
+-- operation's admit function with the key taken: a refusal deletes the
+-- key again in the same transaction (refused: nothing taken, nothing
+-- saved), so a duplicate that waited on it takes it anew.
+create or replace function lease_reserve(p_client text, p_key text,
+    p_operation text, p_fingerprint text, p_request jsonb,
+    p_lease_seconds int, p_call_ms int)
+returns table (outcome text, lease_id bigint, status_code int,
+    response text, retry_after int, request jsonb)
+language plpgsql as $$
+declare
+	v_lease		bigint;
+	v_request	jsonb;
+	v_admit		regproc;
+	v_status	int;
+	v_response	text;
+begin
+	-- A retry that can be answered from the row is answered without the
+	-- upsert below, which would lock the row (and serialise replays).
+	return query select * from lease_answer(p_client, p_key, p_operation,
+	    p_fingerprint) a where a.outcome <> 'expired';
+	if found then
+		return;
+	end if;
+
+	insert into idempotency_keys as k (client_id, idem_key, operation,
+	    fingerprint, status, lease_id, locked_until, call_deadline,
+	    request)
+	values (p_client, p_key, p_operation, p_fingerprint, 'in_progress', 1,
+	    now() + make_interval(secs => p_lease_seconds),
+	    now() + make_interval(secs => p_call_ms / 1000.0), p_request)
+	on conflict (client_id, idem_key) do update
+	   set lease_id = k.lease_id + 1,
+	       locked_until = now() + make_interval(secs => p_lease_seconds),
+	       call_deadline = excluded.call_deadline
+	 where k.status = 'in_progress' and k.locked_until <= now()
+	   and k.operation = excluded.operation
+	   and k.fingerprint = excluded.fingerprint
+	returning k.lease_id, k.request into v_lease, v_request;
+
+	if not found then
+		-- Another attempt took or finished the key meanwhile.
+		return query select * from lease_answer(p_client, p_key,
+		    p_operation, p_fingerprint);
+		return;
+	end if;
+
+	if v_lease > 1 then
+		return query select 'taken_over'::text, v_lease, null::int,
+		    null::text, null::int, v_request;
+		return;
+	end if;
+
+	select o.admit into v_admit
+	  from idem_operations o
+	 where o.operation = p_operation and o.strategy = 'lease';
+
+	if v_admit is not null then
+		execute format('select status_code, response, request from '
+		    '%s($1, $2, $3)', v_admit) into v_status, v_response,
+		    v_request using p_client, p_key, p_request;
+
+		if v_status is not null then
+			delete from idempotency_keys k
+			 where k.client_id = p_client and k.idem_key = p_key;
+			return query select 'refused'::text, null::bigint,
+			    v_status, v_response, null::int, null::jsonb;
+			return;
+		end if;
+
+		update idempotency_keys k set request = v_request
+		 where k.client_id = p_client and k.idem_key = p_key;
+	end if;
+
+	return query select 'reserved'::text, v_lease, null::int, null::text,
+	    null::int, v_request;
+end;
+$$;
+
+comment on function lease_reserve(text, text, text, text, jsonb, int, int) is
+    'Lease strategy, step 1: reserved or taken_over (with the lease_id that '
+    'fences this attempt and the request to send), refused (by the '
+    'operation''s admit: not taken), else mismatch, in_flight (with '
+    'retry_after: the seconds until the holder''s provider call gives up) '
+    'or replayed (with the saved response).';
+
+-- Saves the outcome of an attempt, only if it still holds its lease: the
+-- key row is locked first, so a late worker waits for the attempt that
+-- took its key over and then finds its lease gone. A success or a refusal
+-- is saved by the operation's run function.
+create or replace function lease_complete(p_client text, p_key text,
+    p_lease bigint, p_provider_id text, p_status_code int, p_problem text)
+returns table (outcome text, status_code int, response text, status text)
+language plpgsql as $$
+declare
+	v_key		idempotency_keys;
+	v_run		regproc;
+	v_status	int;
+	v_response	text;
+begin
+	select * into v_key
+	  from idempotency_keys k
+	 where k.client_id = p_client and k.idem_key = p_key
+	   for update;
+
+	-- The attempt that took it over finished it, and the cleanup has
+	-- deleted it since (a short retention): still one row, saying so.
+	if not found then
+		return query select 'fenced'::text, null::int, null::text,
+		    'gone'::text;
+		return;
+	end if;
+
+	-- The lease was taken over: this late result is not written.
+	if v_key.lease_id <> p_lease or v_key.status <> 'in_progress' then
+		return query select 'fenced'::text, v_key.status_code,
+		    v_key.response, v_key.status;
+		return;
+	end if;
+
+	select o.run into v_run
+	  from idem_operations o
+	 where o.operation = v_key.operation and o.strategy = 'lease';
+	if v_run is null then
+		raise exception 'no lease operation %', v_key.operation;
+	end if;
+
+	execute format('select status_code, response from %s($1, $2, $3, $4, '
+	    '$5, $6)', v_run) into v_status, v_response using p_client, p_key,
+	    v_key.request, p_provider_id, p_status_code, p_problem;
+
+	update idempotency_keys k
+	   set status = 'done', status_code = v_status, response = v_response,
+	       locked_until = null, finished_at = now()
+	 where k.client_id = p_client and k.idem_key = p_key;
+
+	return query select 'completed'::text, v_status, v_response,
+	    'done'::text;
+end;
+$$;
+
+comment on function lease_complete(text, text, bigint, text, int, text) is
+    'Lease strategy, step 3: saves a success (p_provider_id) or a refusal '
+    '(p_status_code, p_problem) through the operation''s run function if '
+    'p_lease still holds the key: completed. Otherwise writes nothing: '
+    'fenced, with the key''s current state (status gone when it has been '
+    'finished and deleted since). Always one row.';
+
+-- Gives the lease back at once after a provider failure (it ends now),
+-- keeping lease_id so that a late worker of this attempt stays fenced.
+create or replace function lease_release(p_client text, p_key text,
+    p_lease bigint)
+returns boolean
+language plpgsql as $$
+begin
+	update idempotency_keys
+	   set locked_until = now()
+	 where client_id = p_client and idem_key = p_key
+	   and lease_id = p_lease and status = 'in_progress';
+	return found;
+end;
+$$;
+
+comment on function lease_release(text, text, bigint) is
+    'Lease strategy, on a provider failure: ends the lease now, saving '
+    'nothing, so that a retry can take the key at once. False if fenced.';
+
+-- Takes over the key that has been due longest, of any lease operation
+-- that is recovered, exactly as a retry would (lease_id + 1, and the
+-- deadline of its provider call of p_call_ms). A key is due p_after_seconds
+-- after its lease ended, the client's time to retry on its own; once the
+-- job has tried it, at recover_at.
+create or replace function lease_recover_claim(p_after_seconds int,
+    p_lease_seconds int, p_call_ms int)
+returns table (client_id text, idem_key text, lease_id bigint,
+    operation text, request jsonb)
+language sql as $$
+	update idempotency_keys k
+	   set lease_id = k.lease_id + 1,
+	       locked_until = now() + make_interval(secs => p_lease_seconds),
+	       call_deadline = now() + make_interval(secs => p_call_ms / 1000.0)
+	  from (select c.client_id, c.idem_key
+		  from idempotency_keys c
+		 where c.locked_until < now()
+		   and coalesce(c.recover_at, c.locked_until +
+			   make_interval(secs => p_after_seconds)) < now()
+		   and c.status = 'in_progress'
+		   and c.operation in (select o.operation from idem_operations o
+			where o.strategy = 'lease' and o.recover)
+		 order by coalesce(c.recover_at, c.locked_until +
+			   make_interval(secs => p_after_seconds))
+		 limit 1
+		   for update skip locked) a
+	 where k.client_id = a.client_id and k.idem_key = a.idem_key
+	returning k.client_id, k.idem_key, k.lease_id, k.operation, k.request;
+$$;
+
+comment on function lease_recover_claim(int, int, int) is
+    'Recovery: claims one key abandoned for more than p_after_seconds (or, '
+    'after an attempt of the job, due again at recover_at) with a new lease '
+    'and fencing token, and returns what is needed to call the provider '
+    'again with the same derived key.';
+
+-- Ends the job's attempt without an outcome: the lease ends now, so that a
+-- client's retry can take the key at once, and the job waits
+-- min(p_cap, p_base * 2^n) seconds before its next attempt, n the attempts
+-- that failed before this one. Always one row: released false if fenced.
+create or replace function lease_recover_release(p_client text,
+    p_key text, p_lease bigint, p_base int, p_cap int)
+returns table (released boolean, attempts int, wait_seconds int)
+language plpgsql as $$
+begin
+	return query
+	update idempotency_keys k
+	   set locked_until = now(),
+	       recovery_attempts = k.recovery_attempts + 1,
+	       recover_at = now() + make_interval(secs => least(p_cap,
+		   p_base * power(2, least(k.recovery_attempts, 30))))
+	 where k.client_id = p_client and k.idem_key = p_key
+	   and k.lease_id = p_lease and k.status = 'in_progress'
+	returning true, k.recovery_attempts, extract(epoch from
+	    k.recover_at - k.locked_until)::int;
+
+	if not found then
+		return query select false, null::int, null::int;
+	end if;
+end;
+$$;
+
+comment on function lease_recover_release(text, text, bigint, int, int) is
+    'Recovery, when the provider failed or still processes the key: '
+    'releases the lease like lease_release() and puts the next attempt of '
+    'the job off by min(p_cap, p_base * 2^n) seconds, doubling per failed '
+    'attempt.';

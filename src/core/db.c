@@ -1,0 +1,564 @@
+/*
+ * Asynchronous calls of SQL functions through Kore's pgsql layer.
+ *
+ * A call is done only when PostgreSQL has sent ReadyForQuery, that is when
+ * the implicit transaction of the statement has committed: a row read
+ * before that could still be rolled back, and a response built on it would
+ * promise what the database does not hold.
+ *
+ * Every wait is bounded by IDEM_DB_TIMEOUT_MS: PostgreSQL cancels a
+ * statement or a lock wait that takes longer (the session settings below),
+ * a request queued for a pooled connection gives up after it, and a call
+ * whose answer has not come a little later (a commit waiting for a standby
+ * that does not confirm, a server that stopped answering) has its
+ * connection closed under it. Each is answered as a retryable 503; a
+ * commit whose answer was lost has an unknown outcome, which the client's
+ * retry with the same key settles.
+ */
+
+#include <sys/types.h>
+#include <sys/socket.h>
+
+#include <stdio.h>
+#include <string.h>
+
+#include "db.h"
+#include "metrics.h"
+#include "settings.h"
+
+#define DB_PHASE_SETUP		0
+#define DB_PHASE_WAIT		1
+#define DB_PHASE_DONE		2
+#define DB_PHASE_FAILED		3
+
+/* How much later than the server's own timeout the client gives up. */
+#define DB_GRACE_MS		500
+
+/* /healthz answers within a second, whatever the pool is doing. */
+#define DB_HEALTH_TIMEOUT_MS	1000
+
+static int	call_fail(struct db_call *);
+static int	call_has(struct db_call *, int);
+static void	call_release(struct db_call *);
+static void	call_check_connection(struct db_call *);
+static void	job_callback(struct kore_pgsql *, void *);
+static void	call_arm(struct db_call *, u_int32_t);
+static void	call_disarm(struct db_call *);
+static void	call_deadline(void *, u_int64_t);
+static void	call_abort(struct db_call *);
+static void	call_notice(void *, const PGresult *);
+static int	call_classify(const char *);
+static char	*session_dsn(const char *);
+static void	dsn_append(struct kore_buf *, const char *, const char *);
+
+void
+db_register(void)
+{
+	char		*dsn;
+
+	dsn = session_dsn(settings.database_url);
+
+	/* Registered again on a module reload, which is harmless. */
+	(void)kore_pgsql_register(DB_NAME, dsn);
+	(void)kore_pgsql_register(DB_NAME_JOBS, dsn);
+	(void)kore_pgsql_register(DB_NAME_HEALTH, dsn);
+
+	kore_free(dsn);
+}
+
+void
+db_call_init(struct db_call *c, struct http_request *req)
+{
+	memset(c, 0, sizeof(*c));
+	c->dbname = DB_NAME;
+	c->timeout_ms = settings.db_timeout_ms;
+	kore_pgsql_init(&c->sql);
+	kore_pgsql_bind_request(&c->sql, req);
+}
+
+/*
+ * A health check: its own pool, so that it never queues behind requests
+ * that wait for a lock, and at most a second.
+ */
+void
+db_call_init_health(struct db_call *c, struct http_request *req)
+{
+	db_call_init(c, req);
+	c->dbname = DB_NAME_HEALTH;
+	if (c->timeout_ms > DB_HEALTH_TIMEOUT_MS)
+		c->timeout_ms = DB_HEALTH_TIMEOUT_MS;
+}
+
+/*
+ * A call of a background job, which polls db_call_step() from a timer
+ * rather than waiting for a callback: Kore 4.1 does not call back when a
+ * connection is lost. A job makes one call at a time from its own pool,
+ * so it is never queued for a connection.
+ */
+void
+db_call_init_job(struct db_call *c)
+{
+	memset(c, 0, sizeof(*c));
+	c->dbname = DB_NAME_JOBS;
+	c->timeout_ms = settings.db_timeout_ms;
+	kore_pgsql_init(&c->sql);
+	kore_pgsql_bind_callback(&c->sql, job_callback, NULL);
+}
+
+void
+db_call_cleanup(struct db_call *c)
+{
+	call_disarm(c);
+
+	if (c->result != NULL) {
+		PQclear(c->result);
+		c->result = NULL;
+	}
+
+	call_release(c);
+}
+
+int
+db_call_step(struct db_call *c, const char *query, int nparams,
+    const char **values)
+{
+	int		i, lengths[DB_PARAMS_MAX], formats[DB_PARAMS_MAX];
+
+	if (nparams > DB_PARAMS_MAX)
+		fatal("%s: %d parameters", __func__, nparams);
+
+	for (;;) {
+		switch (c->phase) {
+		case DB_PHASE_SETUP:
+			if (c->timed_out) {
+				kore_log(LOG_NOTICE, "no database connection "
+				    "came free within %u ms", c->timeout_ms);
+				c->error = DB_ERROR_TIMEOUT;
+				return (call_fail(c));
+			}
+
+			if (!kore_pgsql_setup(&c->sql, c->dbname,
+			    KORE_PGSQL_ASYNC)) {
+				/* Queued for a free connection: woken later. */
+				if (c->sql.state == KORE_PGSQL_STATE_INIT) {
+					if (c->timer == NULL)
+						call_arm(c, c->timeout_ms);
+					return (DB_CALL_PENDING);
+				}
+				return (call_fail(c));
+			}
+
+			call_disarm(c);
+			call_check_connection(c);
+			c->notices = PQsetNoticeReceiver(c->sql.conn->db,
+			    call_notice, c);
+			call_arm(c, c->timeout_ms + DB_GRACE_MS);
+
+			for (i = 0; i < nparams; i++) {
+				lengths[i] = values[i] ? strlen(values[i]) : 0;
+				formats[i] = 0;
+			}
+
+			c->phase = DB_PHASE_WAIT;
+			if (!kore_pgsql_query_param_fields(&c->sql, query, 0,
+			    nparams, values, lengths, formats))
+				return (call_fail(c));
+			return (DB_CALL_PENDING);
+		case DB_PHASE_WAIT:
+			switch (c->sql.state) {
+			case KORE_PGSQL_STATE_WAIT:
+				if (c->timed_out) {
+					call_abort(c);
+					return (call_fail(c));
+				}
+				return (DB_CALL_PENDING);
+			case KORE_PGSQL_STATE_RESULT:
+				if (c->result == NULL) {
+					c->result = c->sql.result;
+					c->sql.result = NULL;
+				}
+				kore_pgsql_continue(&c->sql);
+				break;
+			case KORE_PGSQL_STATE_ERROR:
+				return (call_fail(c));
+			case KORE_PGSQL_STATE_COMPLETE:
+				if (c->unconfirmed) {
+					c->error = DB_ERROR_UNCONFIRMED;
+					return (call_fail(c));
+				}
+				if (c->result == NULL) {
+					kore_log(LOG_ERR, "%s: no result row",
+					    __func__);
+					c->error = DB_ERROR_QUERY;
+					c->phase = DB_PHASE_FAILED;
+					return (DB_CALL_FAILED);
+				}
+				call_disarm(c);
+				c->phase = DB_PHASE_DONE;
+				return (DB_CALL_DONE);
+			default:
+				kore_pgsql_continue(&c->sql);
+				break;
+			}
+			break;
+		case DB_PHASE_DONE:
+			return (DB_CALL_DONE);
+		case DB_PHASE_FAILED:
+			return (DB_CALL_FAILED);
+		default:
+			fatal("%s: unknown phase %d", __func__, c->phase);
+		}
+	}
+}
+
+/*
+ * A column of the call's first row. A call that returned no row (a key
+ * deleted between two statements) or fewer columns reads as "", so that
+ * no answer of the database can make a worker read past its result; the
+ * caller checks db_call_rows() where no row is a possible answer.
+ */
+const char *
+db_call_value(struct db_call *c, int col)
+{
+	if (!call_has(c, col))
+		return ("");
+
+	return (PQgetvalue(c->result, 0, col));
+}
+
+int
+db_call_length(struct db_call *c, int col)
+{
+	if (!call_has(c, col))
+		return (0);
+
+	return (PQgetlength(c->result, 0, col));
+}
+
+int
+db_call_null(struct db_call *c, int col)
+{
+	return (!call_has(c, col) || PQgetisnull(c->result, 0, col));
+}
+
+/*
+ * A column of the first row by its name: the SQL functions' result
+ * columns are read by name, never by position.
+ */
+const char *
+db_call_field(struct db_call *c, const char *name)
+{
+	return (db_call_value(c, c->result != NULL ?
+	    PQfnumber(c->result, name) : -1));
+}
+
+int
+db_call_field_length(struct db_call *c, const char *name)
+{
+	return (db_call_length(c, c->result != NULL ?
+	    PQfnumber(c->result, name) : -1));
+}
+
+static int
+call_has(struct db_call *c, int col)
+{
+	if (c->result != NULL && PQntuples(c->result) > 0 && col >= 0 &&
+	    col < PQnfields(c->result))
+		return (1);
+
+	kore_log(LOG_ERR, "database call: no column %d in its result (%d rows)",
+	    col, c->result != NULL ? PQntuples(c->result) : 0);
+
+	return (0);
+}
+
+int
+db_call_rows(struct db_call *c)
+{
+	return (c->result == NULL ? 0 : PQntuples(c->result));
+}
+
+/*
+ * A failed call: its class (see db.h) from the SQLSTATE, unless the call
+ * already knows it (a deadline, an unconfirmed commit), and libpq's own
+ * words in the log.
+ */
+static int
+call_fail(struct db_call *c)
+{
+	const char	*state, *msg;
+	size_t		len;
+
+	state = NULL;
+	if (c->sql.result != NULL)
+		state = PQresultErrorField(c->sql.result, PG_DIAG_SQLSTATE);
+
+	if (state != NULL)
+		(void)kore_strlcpy(c->sqlstate, state, sizeof(c->sqlstate));
+
+	if (c->error == 0)
+		c->error = call_classify(state);
+
+	msg = c->sql.error;
+	if ((msg == NULL || *msg == '\0') && c->sql.conn != NULL)
+		msg = PQerrorMessage(c->sql.conn->db);
+	if (msg == NULL || *msg == '\0')
+		msg = "the connection was lost, libpq gave no reason";
+	len = strlen(msg);
+	while (len > 0 && (msg[len - 1] == '\n' || msg[len - 1] == ' '))
+		len--;
+
+	kore_log(LOG_NOTICE, "database call failed (%s): %.*s",
+	    state != NULL ? state : c->error == DB_ERROR_TIMEOUT ?
+	    "timeout" : c->error == DB_ERROR_UNCONFIRMED ? "unconfirmed" :
+	    "no sqlstate", (int)len, msg);
+
+	metrics_db_error();
+	call_disarm(c);
+
+	if (c->result != NULL) {
+		PQclear(c->result);
+		c->result = NULL;
+	}
+
+	call_release(c);
+	c->phase = DB_PHASE_FAILED;
+
+	return (DB_CALL_FAILED);
+}
+
+/*
+ * Gives the connection back to Kore's pool. When libpq has already closed
+ * the socket of a lost connection, Kore would ask epoll to forget fd -1 and
+ * die of the error (and try to cancel the query on it); closing the socket
+ * already took it out of epoll, so tell Kore the query is not scheduled.
+ */
+static void
+call_release(struct db_call *c)
+{
+	if (c->sql.conn != NULL && c->notices != NULL) {
+		(void)PQsetNoticeReceiver(c->sql.conn->db, c->notices, NULL);
+		c->notices = NULL;
+	}
+
+	if (c->sql.conn != NULL && PQsocket(c->sql.conn->db) < 0)
+		c->sql.flags &= ~KORE_PGSQL_SCHEDULED;
+
+	kore_pgsql_cleanup(&c->sql);
+}
+
+/*
+ * Kore returns a connection whose backend died to its pool, where every
+ * later query on it would fail. Reading what the server sent to the idle
+ * connection (libpq's socket does not block) notices a backend that was
+ * terminated or restarted; such a connection is reconnected before use.
+ */
+static void
+call_check_connection(struct db_call *c)
+{
+	PGconn		*conn;
+
+	conn = c->sql.conn->db;
+	if (PQstatus(conn) == CONNECTION_OK && PQconsumeInput(conn) &&
+	    PQstatus(conn) == CONNECTION_OK)
+		return;
+
+	kore_log(LOG_NOTICE, "reconnecting a broken database connection");
+	PQreset(conn);
+}
+
+static void
+job_callback(struct kore_pgsql *sql, void *arg)
+{
+	/* Jobs poll the state of their call; nothing to do here. */
+}
+
+/*
+ * Which failures are worth a retry: no SQLSTATE (a refused connection, a
+ * dead backend, a full pool), the connection, resource and shutdown
+ * classes, a statement or lock wait cancelled by the session's timeouts,
+ * a serialization failure or deadlock (the transaction was rolled back),
+ * and a write that reached a node that is no longer the primary.
+ */
+static int
+call_classify(const char *state)
+{
+	if (state == NULL || !strncmp(state, "08", 2) ||
+	    !strncmp(state, "57P", 3) || !strncmp(state, "53", 2))
+		return (DB_ERROR_UNAVAILABLE);
+
+	if (!strcmp(state, "57014") || !strcmp(state, "55P03") ||
+	    !strcmp(state, "25P03"))
+		return (DB_ERROR_TIMEOUT);
+
+	if (!strcmp(state, "40001") || !strcmp(state, "40P01"))
+		return (DB_ERROR_CONFLICT);
+
+	if (!strcmp(state, "25006"))
+		return (DB_ERROR_READ_ONLY);
+
+	return (DB_ERROR_QUERY);
+}
+
+static void
+call_arm(struct db_call *c, u_int32_t ms)
+{
+	call_disarm(c);
+	c->timer = kore_timer_add(call_deadline, ms, c, KORE_TIMER_ONESHOT);
+}
+
+static void
+call_disarm(struct db_call *c)
+{
+	if (c->timer != NULL) {
+		kore_timer_remove(c->timer);
+		c->timer = NULL;
+	}
+}
+
+/*
+ * The deadline passed: the request is woken to give up (a job sees it on
+ * its next poll).
+ */
+static void
+call_deadline(void *arg, u_int64_t now)
+{
+	struct db_call		*c = arg;
+
+	/* Kore frees a one-shot timer after this callback. */
+	c->timer = NULL;
+	c->timed_out = 1;
+
+#if !defined(KORE_NO_HTTP)
+	if (c->sql.req != NULL)
+		http_request_wakeup(c->sql.req);
+#endif
+}
+
+/*
+ * No answer in time: the connection is closed under the query, without
+ * Kore's blocking cancel (which would hang the worker on a server that no
+ * longer answers). The server notices on its own or with its timeouts;
+ * the pooled connection is reconnected before its next use.
+ */
+static void
+call_abort(struct db_call *c)
+{
+	int		fd;
+
+	kore_log(LOG_NOTICE, "no answer from the database within %u ms; "
+	    "closing the connection", c->timeout_ms + DB_GRACE_MS);
+
+	c->error = DB_ERROR_TIMEOUT;
+	fd = PQsocket(c->sql.conn->db);
+	if (fd >= 0) {
+		if (c->sql.flags & KORE_PGSQL_SCHEDULED)
+			kore_platform_disable_read(fd);
+		(void)shutdown(fd, SHUT_RDWR);
+	}
+	c->sql.flags &= ~KORE_PGSQL_SCHEDULED;
+}
+
+/*
+ * A commit whose wait for the synchronous standby was cancelled (by a
+ * cancel, a failover, a shutdown) has happened here and may not have on
+ * the standby: a failover can lose it. PostgreSQL says so only in a
+ * warning; such a call is never answered as a success. The server's
+ * messages are matched in English, its default (lc_messages).
+ */
+static void
+call_notice(void *arg, const PGresult *res)
+{
+	struct db_call		*c = arg;
+	const char		*msg, *detail;
+
+	msg = PQresultErrorField(res, PG_DIAG_MESSAGE_PRIMARY);
+	detail = PQresultErrorField(res, PG_DIAG_MESSAGE_DETAIL);
+
+	if ((msg != NULL && strstr(msg, "synchronous replication") != NULL) ||
+	    (detail != NULL && strstr(detail, "committed locally") != NULL)) {
+		c->unconfirmed = 1;
+		kore_log(LOG_NOTICE, "the commit was not confirmed by the "
+		    "standby: %s", msg != NULL ? msg : detail);
+	}
+}
+
+/*
+ * The connection string with the session settings the design needs, on
+ * every connection whatever the server's or the role's defaults: the
+ * bounds of IDEM_DB_TIMEOUT_MS, and READ COMMITTED, under which a
+ * duplicate that waited on the key's unique index sees the first one's
+ * row (under REPEATABLE READ it fails instead). Settings the operator
+ * gave in "options" come first; these win.
+ */
+static char *
+session_dsn(const char *url)
+{
+	PQconninfoOption	*opts, *o;
+	struct kore_buf		buf;
+	char			*err, settings_opts[512], *dsn;
+	const char		*user;
+
+	err = NULL;
+	if ((opts = PQconninfoParse(url, &err)) == NULL) {
+		fatal("IDEM_DATABASE_URL cannot be parsed: %s",
+		    err != NULL ? err : "out of memory");
+	}
+
+	(void)snprintf(settings_opts, sizeof(settings_opts),
+	    "-c statement_timeout=%u -c lock_timeout=%u "
+	    "-c idle_in_transaction_session_timeout=%u "
+	    "-c default_transaction_isolation=read\\ committed",
+	    settings.db_timeout_ms, settings.db_timeout_ms,
+	    settings.db_timeout_ms);
+
+	kore_buf_init(&buf, 256);
+	user = NULL;
+	for (o = opts; o->keyword != NULL; o++) {
+		if (o->val == NULL || *o->val == '\0')
+			continue;
+		if (!strcmp(o->keyword, "options")) {
+			user = o->val;
+			continue;
+		}
+		dsn_append(&buf, o->keyword, o->val);
+	}
+
+	if (user != NULL) {
+		kore_buf_appendf(&buf, "options='");
+		dsn_append(&buf, NULL, user);
+		kore_buf_appendf(&buf, " ");
+	} else {
+		kore_buf_appendf(&buf, "options='");
+	}
+	dsn_append(&buf, NULL, settings_opts);
+	kore_buf_appendf(&buf, "'");
+
+	PQconninfoFree(opts);
+	dsn = kore_strdup(kore_buf_stringify(&buf, NULL));
+	kore_buf_cleanup(&buf);
+
+	return (dsn);
+}
+
+/*
+ * keyword='value' with quotes and backslashes escaped, or with no keyword
+ * the escaped value alone.
+ */
+static void
+dsn_append(struct kore_buf *buf, const char *keyword, const char *value)
+{
+	const char	*p;
+
+	if (keyword != NULL)
+		kore_buf_appendf(buf, "%s='", keyword);
+
+	for (p = value; *p != '\0'; p++) {
+		if (*p == '\'' || *p == '\\')
+			kore_buf_append(buf, "\\", 1);
+		kore_buf_append(buf, p, 1);
+	}
+
+	if (keyword != NULL)
+		kore_buf_append(buf, "' ", 2);
+}

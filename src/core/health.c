@@ -1,0 +1,79 @@
+/*
+ * GET /healthz: 200 when the database answers a query, 503 when it does not.
+ */
+
+#include <sys/types.h>
+
+#include <kore/kore.h>
+#include <kore/http.h>
+
+#include "db.h"
+#include "problem.h"
+#include "reload.h"
+
+#define HEALTH_SQL		"SELECT 1"
+#define HEALTH_OK		"{\"status\":\"ok\",\"database\":\"up\"}"
+
+struct health_check {
+	struct db_call		db;
+};
+
+int		healthz(struct http_request *);
+static int	health_query(struct http_request *);
+static void	health_free(struct http_request *);
+
+int
+healthz(struct http_request *req)
+{
+	struct health_check	*h;
+
+	if (req->method != HTTP_METHOD_GET) {
+		http_response_header(req, "allow", "GET");
+		problem_respond(req, PROBLEM_METHOD_NOT_ALLOWED,
+		    "/healthz accepts GET only");
+		return (KORE_RESULT_OK);
+	}
+
+	if (reload_defer(req))
+		return (KORE_RESULT_RETRY);
+
+	if (!http_state_exists(req)) {
+		h = http_state_create(req, sizeof(*h), health_free);
+		reload_hold();
+		db_call_init_health(&h->db, req);
+	}
+
+	return (health_query(req));
+}
+
+static int
+health_query(struct http_request *req)
+{
+	struct health_check	*h = http_state_get(req);
+
+	switch (db_call_step(&h->db, HEALTH_SQL, 0, NULL)) {
+	case DB_CALL_PENDING:
+		return (KORE_RESULT_RETRY);
+	case DB_CALL_DONE:
+		http_response_header(req, "content-type", JSON_CONTENT_TYPE);
+		http_response(req, HTTP_STATUS_OK, HEALTH_OK,
+		    sizeof(HEALTH_OK) - 1);
+		break;
+	default:
+		http_response_header(req, "retry-after", "1");
+		problem_respond(req, PROBLEM_DATABASE_UNAVAILABLE,
+		    "the database does not answer");
+		break;
+	}
+
+	return (KORE_RESULT_OK);
+}
+
+static void
+health_free(struct http_request *req)
+{
+	struct health_check	*h = http_state_get(req);
+
+	db_call_cleanup(&h->db);
+	reload_release();
+}

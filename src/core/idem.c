@@ -1,0 +1,725 @@
+/*
+ * The steps every API request goes through before and after its one
+ * database call, whichever strategy protects it.
+ *
+ * A failure before execution (authentication, key, body) is answered with
+ * a problem and leaves no trace: the key is not taken, so the client can
+ * fix the request and send it again with the same key.
+ */
+
+#include <sys/types.h>
+
+#include <ctype.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+
+#include "idem.h"
+#include "metrics.h"
+#include "problem.h"
+#include "reload.h"
+
+static void	request_free(struct http_request *);
+static int	admit_key(struct http_request *, struct idem_request *);
+static int	admit_media_type(struct http_request *);
+static int	admit_body(struct http_request *, struct idem_request *);
+static int	admit_fields(struct http_request *, struct idem_request *);
+static int	field_check(const struct idem_field *, struct json_value *);
+static int	text_valid(const char *, size_t, size_t, size_t, int);
+static int	key_parse(const char *, char *);
+static void	fingerprint(struct idem_request *);
+static int	problem_outcome(int);
+static int	percent_decode(const char *, size_t, int, char *, size_t,
+		    size_t *);
+
+static const char	*field_rules[] = {
+	[FIELD_AMOUNT] = "an integer count of minor units from 1 to "
+	    "9007199254740991",
+	[FIELD_POINTS] = "a non-zero integer from -9007199254740991 to "
+	    "9007199254740991",
+	[FIELD_CURRENCY] = "three upper-case ASCII letters",
+	[FIELD_ID] = "a string of 1 to 128 bytes without control characters",
+	[FIELD_TEXT] = "a string of at most 1024 bytes without NUL",
+};
+
+struct idem_request *
+idem_request(struct http_request *req, int route,
+    const struct idem_operation *op)
+{
+	struct idem_request	*r;
+
+	if (http_state_exists(req))
+		return (http_state_get(req));
+
+	r = http_state_create(req, sizeof(*r), request_free);
+	reload_hold();
+	r->started = kore_time_ms();
+	r->route = route;
+	r->op = op;
+	kore_buf_init(&r->canonical, 256);
+	kore_buf_init(&r->request, 256);
+
+	return (r);
+}
+
+/*
+ * Answers 405 unless the request uses the method the route serves.
+ */
+int
+idem_method(struct http_request *req, int method, const char *allow)
+{
+	if (req->method == method)
+		return (KORE_RESULT_OK);
+
+	http_response_header(req, "allow", allow);
+	problem_respond(req, PROBLEM_METHOD_NOT_ALLOWED, "%s accepts %s only",
+	    req->path, allow);
+
+	return (KORE_RESULT_ERROR);
+}
+
+int
+idem_authenticate(struct http_request *req)
+{
+	struct idem_request	*r = http_state_get(req);
+
+	switch (auth_step(req, &r->auth, r->client_id)) {
+	case AUTH_PENDING:
+		return (HTTP_STATE_RETRY);
+	case AUTH_OK:
+		/* IDEM_STATE_ADMIT for a write, IDEM_STATE_READ for a read. */
+		req->fsm_state = IDEM_STATE_ADMIT;
+		return (HTTP_STATE_CONTINUE);
+	case AUTH_DENIED:
+		http_response_header(req, "www-authenticate", "Bearer");
+		return (idem_fail(req, PROBLEM_UNAUTHORIZED,
+		    "send Authorization: Bearer <token> with a known token"));
+	default:
+		return (idem_fail_db(req, &r->auth.db));
+	}
+}
+
+/*
+ * Everything that can be checked without the database, in the order a
+ * client would fix it: key, media type, size, JSON, fields.
+ */
+int
+idem_admit(struct http_request *req)
+{
+	struct idem_request	*r = http_state_get(req);
+
+	if (!admit_key(req, r) || !admit_media_type(req) ||
+	    !admit_body(req, r) || !admit_fields(req, r))
+		return (HTTP_STATE_COMPLETE);
+
+	fingerprint(r);
+
+	req->fsm_state = IDEM_STATE_STRATEGY;
+	return (HTTP_STATE_CONTINUE);
+}
+
+/*
+ * Runs the request's one call of a SQL function; the state next reads its
+ * row from r->db.
+ */
+int
+idem_execute(struct http_request *req, int next, const char *query,
+    int nparams, const char **params)
+{
+	struct idem_request	*r = http_state_get(req);
+
+	if (!r->db_active) {
+		db_call_init(&r->db, req);
+		r->db_active = 1;
+	}
+
+	switch (db_call_step(&r->db, query, nparams, params)) {
+	case DB_CALL_PENDING:
+		return (HTTP_STATE_RETRY);
+	case DB_CALL_FAILED:
+		return (idem_fail_db(req, &r->db));
+	default:
+		req->fsm_state = next;
+		return (HTTP_STATE_CONTINUE);
+	}
+}
+
+/*
+ * Answers from a row (outcome, status_code, response) of tx_run() or of a
+ * lease function: 'created' and 'replayed' carry the saved response,
+ * 'mismatch' means the key was used for another request.
+ */
+int
+idem_respond_outcome(struct http_request *req)
+{
+	struct idem_request	*r = http_state_get(req);
+	const char		*outcome;
+
+	outcome = db_call_field(&r->db, "outcome");
+
+	if (!strcmp(outcome, "mismatch"))
+		return (idem_fail_mismatch(req));
+
+	return (idem_respond_row(req, !strcmp(outcome, "replayed")));
+}
+
+#define READ_STATE_EXECUTE	IDEM_STATE_READ
+#define READ_STATE_RESPOND	(IDEM_STATE_READ + 1)
+
+static int	read_execute(struct http_request *);
+static int	read_respond(struct http_request *);
+
+static struct http_state	read_states[] = {
+	KORE_HTTP_STATE(idem_authenticate),
+	KORE_HTTP_STATE(read_execute),
+	KORE_HTTP_STATE(read_respond),
+};
+
+/*
+ * A read (GET): authenticate, one SQL function of the client and the
+ * route's one argument, 200 with the JSON document it returns, or 404
+ * when it returns none.
+ */
+int
+idem_read_run(struct http_request *req)
+{
+	return (http_state_run(read_states,
+	    sizeof(read_states) / sizeof(read_states[0]), req));
+}
+
+static int
+read_execute(struct http_request *req)
+{
+	struct idem_request	*r = http_state_get(req);
+	const struct idem_read	*rd = r->op->read;
+	const char		*params[2];
+
+	if (!r->db_active && !rd->parse(req, r->arg, sizeof(r->arg))) {
+		return (idem_fail(req, PROBLEM_INVALID_REQUEST, "%s must be %s",
+		    rd->arg, rd->rule));
+	}
+
+	params[0] = r->client_id;
+	params[1] = r->arg;
+
+	return (idem_execute(req, READ_STATE_RESPOND, rd->sql, 2, params));
+}
+
+static int
+read_respond(struct http_request *req)
+{
+	struct idem_request	*r = http_state_get(req);
+
+	if (db_call_rows(&r->db) == 0 || db_call_null(&r->db, 0)) {
+		return (idem_fail(req, r->op->read->not_found, "no %s '%s' of "
+		    "this client", r->op->read->arg, r->arg));
+	}
+
+	metrics_request(r->route, OUTCOME_OK, r->started);
+
+	http_response_header(req, "content-type", JSON_CONTENT_TYPE);
+	http_response(req, HTTP_STATUS_OK, db_call_value(&r->db, 0),
+	    db_call_length(&r->db, 0));
+
+	return (HTTP_STATE_COMPLETE);
+}
+
+/*
+ * The request body read whole and parsed, or NULL with the reason in err.
+ */
+struct json_value *
+idem_parse_body(struct http_request *req, char *err, size_t errlen)
+{
+	struct json_value	*v;
+	struct kore_buf		buf;
+	ssize_t			n;
+	u_int8_t		chunk[4096];
+
+	kore_buf_init(&buf, 1024);
+	if (req->http_body != NULL) {
+		while ((n = http_body_read(req, chunk, sizeof(chunk))) > 0)
+			kore_buf_append(&buf, chunk, n);
+	}
+
+	if (buf.offset == 0) {
+		(void)kore_strlcpy(err, "the body is empty", errlen);
+		v = NULL;
+	} else {
+		v = json_parse(buf.data, buf.offset, err, errlen);
+	}
+
+	kore_buf_cleanup(&buf);
+
+	return (v);
+}
+
+/*
+ * An identifier (a customer, a recipient): 1 to 128 bytes without control
+ * characters.
+ */
+int
+idem_id_valid(const char *s, size_t len)
+{
+	return (text_valid(s, len, 1, IDEM_ID_MAX, 1));
+}
+
+/*
+ * An Idempotency-Key is 1 to 255 visible ASCII characters, sent bare or as
+ * an RFC 8941 string ("abc" means abc, with \" and \\ escapes).
+ */
+static int
+key_parse(const char *value, char *out)
+{
+	size_t		len;
+	const char	*p;
+
+	len = 0;
+
+	if (*value != '"') {
+		for (p = value; *p != '\0'; p++) {
+			if (*p < 0x21 || *p > 0x7e || len == IDEM_KEY_MAX)
+				return (KORE_RESULT_ERROR);
+			out[len++] = *p;
+		}
+	} else {
+		for (p = value + 1; *p != '"'; p++) {
+			if (*p == '\\') {
+				p++;
+				if (*p != '"' && *p != '\\')
+					return (KORE_RESULT_ERROR);
+			}
+			if (*p < 0x21 || *p > 0x7e || len == IDEM_KEY_MAX)
+				return (KORE_RESULT_ERROR);
+			out[len++] = *p;
+		}
+		if (p[1] != '\0')
+			return (KORE_RESULT_ERROR);
+	}
+
+	out[len] = '\0';
+
+	return (len > 0 ? KORE_RESULT_OK : KORE_RESULT_ERROR);
+}
+
+/*
+ * Frees the request's database call so that it can make another one.
+ */
+void
+idem_db_reset(struct idem_request *r)
+{
+	if (r->db_active) {
+		db_call_cleanup(&r->db);
+		r->db_active = 0;
+	}
+}
+
+/*
+ * Sends a response the operation produced or saved, byte for byte.
+ */
+void
+idem_respond(struct http_request *req, int status, const void *body,
+    size_t len, int replayed)
+{
+	struct idem_request	*r = http_state_get(req);
+
+	metrics_request(r->route, replayed ? OUTCOME_REPLAYED : OUTCOME_CREATED,
+	    r->started);
+
+	if (replayed)
+		http_response_header(req, "idempotent-replayed", "true");
+
+	http_response_header(req, "content-type",
+	    status >= 400 ? PROBLEM_CONTENT_TYPE : JSON_CONTENT_TYPE);
+	http_response(req, status, body, len);
+}
+
+/*
+ * Sends the status and body a SQL function returned in its row (columns
+ * status_code and response of r->db).
+ */
+int
+idem_respond_row(struct http_request *req, int replayed)
+{
+	struct idem_request	*r = http_state_get(req);
+
+	idem_respond(req, (int)strtol(db_call_field(&r->db, "status_code"),
+	    NULL, 10), db_call_field(&r->db, "response"),
+	    db_call_field_length(&r->db, "response"), replayed);
+
+	return (HTTP_STATE_COMPLETE);
+}
+
+int
+idem_fail(struct http_request *req, int problem, const char *fmt, ...)
+{
+	struct idem_request	*r = http_state_get(req);
+	va_list			args;
+	char			detail[512];
+
+	va_start(args, fmt);
+	(void)vsnprintf(detail, sizeof(detail), fmt, args);
+	va_end(args);
+
+	metrics_request(r->route, problem_outcome(problem), r->started);
+	problem_respond(req, problem, "%s", detail);
+
+	return (HTTP_STATE_COMPLETE);
+}
+
+/*
+ * 422: the key was first used for another request (fingerprint or
+ * operation); nothing was executed.
+ */
+int
+idem_fail_mismatch(struct http_request *req)
+{
+	struct idem_request	*r = http_state_get(req);
+
+	return (idem_fail(req, PROBLEM_KEY_REUSED, "Idempotency-Key '%s' was "
+	    "first used with a different request; send a new key for a new "
+	    "operation", r->key));
+}
+
+/*
+ * A failed database call: a retryable 503 whenever a retry with the same
+ * key can succeed (see db.h), a 500 only for a fault in the query.
+ */
+int
+idem_fail_db(struct http_request *req, struct db_call *c)
+{
+	const char	*why;
+
+	switch (c->error) {
+	case DB_ERROR_QUERY:
+		return (idem_fail(req, PROBLEM_INTERNAL, "the database refused "
+		    "the request (SQLSTATE %s)",
+		    c->sqlstate[0] ? c->sqlstate : "none"));
+	case DB_ERROR_TIMEOUT:
+		why = "the database did not answer in time";
+		break;
+	case DB_ERROR_CONFLICT:
+		why = "the request conflicted with a concurrent one and was "
+		    "rolled back";
+		break;
+	case DB_ERROR_UNCONFIRMED:
+		why = "the database could not confirm that the request was "
+		    "saved on its standby, so its outcome is unknown";
+		break;
+	case DB_ERROR_READ_ONLY:
+		why = "the database is changing its primary";
+		break;
+	default:
+		why = "the database did not answer";
+		break;
+	}
+
+	http_response_header(req, "retry-after", "1");
+
+	return (idem_fail(req, PROBLEM_DATABASE_UNAVAILABLE, "%s; retry with "
+	    "the same Idempotency-Key", why));
+}
+
+static void
+request_free(struct http_request *req)
+{
+	struct idem_request	*r = http_state_get(req);
+
+	auth_cleanup(&r->auth);
+	idem_db_reset(r);
+	json_free(r->body);
+	kore_buf_cleanup(&r->canonical);
+	kore_buf_cleanup(&r->request);
+
+	if (r->strategy_free != NULL)
+		r->strategy_free(r);
+
+	reload_release();
+}
+
+static int
+admit_key(struct http_request *req, struct idem_request *r)
+{
+	const char	*value;
+
+	if (!http_request_header(req, "idempotency-key", &value)) {
+		(void)idem_fail(req, PROBLEM_KEY_MISSING, "send an "
+		    "Idempotency-Key header, e.g. a UUID, and reuse it on "
+		    "every retry of this request");
+		return (KORE_RESULT_ERROR);
+	}
+
+	if (!key_parse(value, r->key)) {
+		(void)idem_fail(req, PROBLEM_KEY_MALFORMED, "Idempotency-Key "
+		    "must be 1 to 255 visible ASCII characters, bare or as a "
+		    "quoted RFC 8941 string");
+		return (KORE_RESULT_ERROR);
+	}
+
+	return (KORE_RESULT_OK);
+}
+
+static int
+admit_media_type(struct http_request *req)
+{
+	const char	*value;
+	size_t		len;
+
+	len = strlen(JSON_CONTENT_TYPE);
+	if (http_request_header(req, "content-type", &value) &&
+	    !strncasecmp(value, JSON_CONTENT_TYPE, len) &&
+	    (value[len] == '\0' || value[len] == ';' || value[len] == ' '))
+		return (KORE_RESULT_OK);
+
+	(void)idem_fail(req, PROBLEM_MEDIA_TYPE,
+	    "send the body as Content-Type: application/json");
+
+	return (KORE_RESULT_ERROR);
+}
+
+static int
+admit_body(struct http_request *req, struct idem_request *r)
+{
+	char			err[JSON_ERROR_LEN];
+
+	if (req->content_length > IDEM_BODY_MAX) {
+		(void)idem_fail(req, PROBLEM_BODY_TOO_LARGE, "the body has %zu "
+		    "bytes; at most %d are accepted", req->content_length,
+		    IDEM_BODY_MAX);
+		return (KORE_RESULT_ERROR);
+	}
+
+	r->body = idem_parse_body(req, err, sizeof(err));
+	if (r->body == NULL) {
+		(void)idem_fail(req, PROBLEM_INVALID_JSON, "%s", err);
+		return (KORE_RESULT_ERROR);
+	}
+
+	if (r->body->type != JSON_OBJECT) {
+		(void)idem_fail(req, PROBLEM_INVALID_REQUEST,
+		    "the body must be a JSON object");
+		return (KORE_RESULT_ERROR);
+	}
+
+	return (KORE_RESULT_OK);
+}
+
+static int
+admit_fields(struct http_request *req, struct idem_request *r)
+{
+	const struct idem_field	*f;
+	struct json_value	*v;
+	size_t			i;
+
+	for (i = 0; i < r->op->nfields; i++) {
+		f = &r->op->fields[i];
+		v = json_member(r->body, f->name);
+
+		if (v == NULL && !f->required)
+			continue;
+
+		if (v == NULL) {
+			(void)idem_fail(req, PROBLEM_INVALID_REQUEST,
+			    "%s is required: %s", f->name, field_rules[f->kind]);
+			return (KORE_RESULT_ERROR);
+		}
+
+		if (!field_check(f, v)) {
+			(void)idem_fail(req, PROBLEM_INVALID_REQUEST,
+			    "%s must be %s", f->name, field_rules[f->kind]);
+			return (KORE_RESULT_ERROR);
+		}
+	}
+
+	return (KORE_RESULT_OK);
+}
+
+static int
+field_check(const struct idem_field *f, struct json_value *v)
+{
+	int64_t		n;
+
+	switch (f->kind) {
+	case FIELD_AMOUNT:
+		return (json_int64(v, &n) && n > 0 && n <= IDEM_AMOUNT_MAX);
+	case FIELD_POINTS:
+		return (json_int64(v, &n) && n != 0 &&
+		    n >= -IDEM_AMOUNT_MAX && n <= IDEM_AMOUNT_MAX);
+	case FIELD_CURRENCY:
+		return (v->type == JSON_STRING && v->len == 3 &&
+		    isupper((unsigned char)v->str[0]) &&
+		    isupper((unsigned char)v->str[1]) &&
+		    isupper((unsigned char)v->str[2]));
+	case FIELD_ID:
+		return (v->type == JSON_STRING && idem_id_valid(v->str, v->len));
+	case FIELD_TEXT:
+		return (v->type == JSON_STRING &&
+		    text_valid(v->str, v->len, 0, IDEM_TEXT_MAX, 0));
+	default:
+		fatal("%s: unknown field kind %d", __func__, f->kind);
+	}
+}
+
+/*
+ * PostgreSQL text cannot hold NUL; identifiers take no control characters.
+ */
+static int
+text_valid(const char *s, size_t len, size_t min, size_t max, int strict)
+{
+	size_t		i;
+	u_int8_t	ch;
+
+	if (len < min || len > max)
+		return (KORE_RESULT_ERROR);
+
+	for (i = 0; i < len; i++) {
+		ch = (u_int8_t)s[i];
+		if (ch == 0 || (strict && (ch < 0x20 || ch == 0x7f)))
+			return (KORE_RESULT_ERROR);
+	}
+
+	return (KORE_RESULT_OK);
+}
+
+/*
+ * SHA-256 of the canonical JSON of the fields that define the operation;
+ * the others (a client timestamp, an attempt counter) do not count. The
+ * request the SQL reads its fields from, by name, is the canonical JSON
+ * of every field the operation lists.
+ */
+static void
+fingerprint(struct idem_request *r)
+{
+	struct json_value	*members[IDEM_FIELDS_MAX], *all[IDEM_FIELDS_MAX];
+	struct json_value	*v;
+	size_t			i, n, m;
+
+	n = m = 0;
+	for (i = 0; i < r->op->nfields; i++) {
+		if ((v = json_member(r->body, r->op->fields[i].name)) == NULL)
+			continue;
+		all[m++] = v;
+		if (r->op->fields[i].fingerprint)
+			members[n++] = v;
+	}
+
+	json_canonical_members(&r->canonical, members, n);
+	sha256_hex(r->canonical.data, r->canonical.offset, r->fingerprint);
+
+	json_canonical_members(&r->request, all, m);
+	(void)kore_buf_stringify(&r->request, NULL);
+}
+
+static int
+problem_outcome(int problem)
+{
+	switch (problem) {
+	case PROBLEM_UNAUTHORIZED:
+		return (OUTCOME_UNAUTHORIZED);
+	case PROBLEM_KEY_REUSED:
+		return (OUTCOME_MISMATCH);
+	case PROBLEM_IN_PROGRESS:
+		return (OUTCOME_IN_FLIGHT);
+	case PROBLEM_PROVIDER_UNAVAILABLE:
+	case PROBLEM_PROVIDER_TIMEOUT:
+		return (OUTCOME_PROVIDER_ERROR);
+	case PROBLEM_DATABASE_UNAVAILABLE:
+	case PROBLEM_INTERNAL:
+		return (OUTCOME_DB_ERROR);
+	default:
+		return (OUTCOME_INVALID);
+	}
+}
+
+/*
+ * The last segment of the path, percent-decoded by RFC 3986: %XX is the
+ * byte XX and every other character is itself (a path has no "+ means
+ * space" rule, so a customer "a+b" is /a+b or /a%2Bb). An identifier.
+ */
+int
+idem_path_arg(struct http_request *req, char *out, size_t len)
+{
+	const char	*seg;
+	size_t		n;
+
+	if ((seg = strrchr(req->path, '/')) == NULL)
+		return (KORE_RESULT_ERROR);
+	seg++;
+
+	if (!percent_decode(seg, strlen(seg), 0, out, len, &n))
+		return (KORE_RESULT_ERROR);
+
+	return (idem_id_valid(out, n));
+}
+
+/*
+ * A query argument as a form encodes it (+ is a space, %XX the byte XX);
+ * an identifier. The first of its name counts.
+ */
+int
+idem_query_arg(struct http_request *req, const char *name, char *out,
+    size_t len)
+{
+	const char	*p, *end, *eq;
+	size_t		nlen, n;
+
+	if (req->query_string == NULL)
+		return (KORE_RESULT_ERROR);
+
+	nlen = strlen(name);
+	for (p = req->query_string; *p != '\0'; p = *end ? end + 1 : end) {
+		if ((end = strchr(p, '&')) == NULL)
+			end = p + strlen(p);
+		eq = memchr(p, '=', (size_t)(end - p));
+		if (eq == NULL || (size_t)(eq - p) != nlen ||
+		    memcmp(p, name, nlen))
+			continue;
+		if (!percent_decode(eq + 1, (size_t)(end - eq - 1), 1, out, len,
+		    &n))
+			return (KORE_RESULT_ERROR);
+		return (idem_id_valid(out, n));
+	}
+
+	return (KORE_RESULT_ERROR);
+}
+
+/*
+ * Decodes len bytes of s into out (NUL-terminated, its length in *n); a
+ * % without two hex digits, or a result that does not fit, is an error.
+ */
+static int
+percent_decode(const char *s, size_t len, int plus, char *out,
+    size_t size, size_t *n)
+{
+	size_t		i, o;
+	char		hex[3];
+
+	hex[2] = '\0';
+	for (i = o = 0; i < len; i++) {
+		if (o + 1 >= size)
+			return (KORE_RESULT_ERROR);
+		if (s[i] == '+' && plus) {
+			out[o++] = ' ';
+			continue;
+		}
+		if (s[i] != '%') {
+			out[o++] = s[i];
+			continue;
+		}
+		if (i + 2 >= len)
+			return (KORE_RESULT_ERROR);
+		if (!isxdigit((unsigned char)s[i + 1]) ||
+		    !isxdigit((unsigned char)s[i + 2]))
+			return (KORE_RESULT_ERROR);
+		hex[0] = s[i + 1];
+		hex[1] = s[i + 2];
+		out[o++] = (char)strtoul(hex, NULL, 16);
+		i += 2;
+	}
+
+	out[o] = '\0';
+	*n = o;
+
+	return (KORE_RESULT_OK);
+}

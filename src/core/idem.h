@@ -1,0 +1,138 @@
+/*
+ * The shared core of both idempotency strategies: authentication, the
+ * Idempotency-Key, the body and its fields, the fingerprint, and the
+ * responses (saved, replayed or a problem). Every API route runs its
+ * request through these steps, listed in its own http_state table.
+ */
+
+#ifndef __H_IDEM_H
+#define __H_IDEM_H
+
+#include <kore/kore.h>
+#include <kore/http.h>
+
+#include "auth.h"
+#include "db.h"
+#include "json.h"
+
+#define IDEM_KEY_MAX		255
+#define IDEM_BODY_MAX		65536
+#define IDEM_FIELDS_MAX		8
+#define IDEM_AMOUNT_MAX		9007199254740991LL
+#define IDEM_ID_MAX		128
+#define IDEM_TEXT_MAX		1024
+
+/* What a body field must hold. */
+#define FIELD_AMOUNT		1
+#define FIELD_POINTS		2
+#define FIELD_CURRENCY		3
+#define FIELD_ID		4
+#define FIELD_TEXT		5
+
+struct idem_field {
+	const char	*name;
+	int		kind;
+	int		required;
+	int		fingerprint;
+};
+
+/*
+ * The first states of every route's table (http_state_run): authenticate,
+ * then a write admits its body, and the strategy's own states follow.
+ * A read goes from authentication to its own states.
+ */
+#define IDEM_STATE_AUTHENTICATE	0
+#define IDEM_STATE_ADMIT	1
+#define IDEM_STATE_READ		1
+#define IDEM_STATE_STRATEGY	2
+
+struct lease_call;
+struct lease_attempt;
+struct idem_read;
+
+/*
+ * An operation is a table: its name (the key rows' operation, and the
+ * name its SQL registers), the fields of its body (which fingerprint it),
+ * the strategy that runs it, and what that strategy needs of it: nothing
+ * more for the transactional strategy (the SQL knows the operation's
+ * function by name), the provider call for the lease strategy, the query
+ * for a read.
+ */
+struct idem_operation {
+	const char		*name;
+	const struct idem_field	*fields;
+	size_t			nfields;
+	int			(*strategy)(struct http_request *);
+	const struct lease_call	*call;
+	const struct idem_read	*read;
+};
+
+/* A read: one SQL function of the client and one argument, by name. */
+struct idem_read {
+	const char	*sql;
+	const char	*arg;
+	int		(*parse)(struct http_request *, char *, size_t);
+	const char	*rule;
+	int		not_found;
+};
+
+/*
+ * A route: the one place that lists them (src/operations/routes.c). Its
+ * index is its id; its label names it in the metrics.
+ */
+struct idem_route {
+	int				method;
+	const char			*path;
+	const char			*label;
+	const struct idem_operation	*op;
+};
+
+extern const struct idem_route	idem_routes[];
+extern const size_t		idem_nroutes;
+
+struct idem_request {
+	u_int64_t			started;
+	const struct idem_operation	*op;
+	int				route;
+
+	struct auth_lookup	auth;
+	char			client_id[AUTH_CLIENT_ID_MAX + 1];
+	char			key[IDEM_KEY_MAX + 1];
+	char			fingerprint[65];
+	struct json_value	*body;
+	struct kore_buf		canonical;
+	struct kore_buf		request;
+	char			arg[IDEM_ID_MAX + 1];
+
+	struct db_call		db;
+	int			db_active;
+
+	/* What the lease strategy keeps of the request, freed by it. */
+	struct lease_attempt	*lease;
+	void			(*strategy_free)(struct idem_request *);
+};
+
+struct idem_request	*idem_request(struct http_request *, int,
+			    const struct idem_operation *);
+int			idem_method(struct http_request *, int, const char *);
+
+int	idem_authenticate(struct http_request *);
+int	idem_admit(struct http_request *);
+int	idem_execute(struct http_request *, int, const char *, int,
+	    const char **);
+int	idem_respond_outcome(struct http_request *);
+int	idem_read_run(struct http_request *);
+
+struct json_value	*idem_parse_body(struct http_request *, char *, size_t);
+int	idem_id_valid(const char *, size_t);
+int	idem_path_arg(struct http_request *, char *, size_t);
+int	idem_query_arg(struct http_request *, const char *, char *, size_t);
+void	idem_db_reset(struct idem_request *);
+void	idem_respond(struct http_request *, int, const void *, size_t, int);
+int	idem_respond_row(struct http_request *, int);
+int	idem_fail(struct http_request *, int, const char *, ...)
+	    __attribute__((format (printf, 3, 4)));
+int	idem_fail_mismatch(struct http_request *);
+int	idem_fail_db(struct http_request *, struct db_call *);
+
+#endif

@@ -1,0 +1,45 @@
+/*
+ * Calls of the payment provider (POST /v1/charges, /v1/refunds), made with
+ * libcurl's
+ * multi interface on the worker's own event loop: any number of calls in
+ * flight, none blocking the worker, no thread pool.
+ */
+
+#ifndef __H_PROVIDER_CLIENT_H
+#define __H_PROVIDER_CLIENT_H
+
+#include <curl/curl.h>
+
+#include <kore/kore.h>
+#include <kore/http.h>
+
+#define PROVIDER_ID_MAX		128
+#define PROVIDER_DETAIL_MAX	256
+
+struct provider_call {
+	CURL			*easy;
+	struct curl_slist	*headers;
+	struct kore_buf		response;
+	char			errbuf[CURL_ERROR_SIZE];
+	int			done;
+	CURLcode		result;
+	long			status;
+
+	/* Woken up, or called back, when the call is done. */
+	struct http_request	*req;
+	void			(*cb)(struct provider_call *, void *);
+	void			*arg;
+
+	/* Filled by provider_answer_classify(). */
+	char			id[PROVIDER_ID_MAX + 1];
+	char			detail[PROVIDER_DETAIL_MAX];
+	u_int32_t		retry_after;
+};
+
+void	provider_client_init(void);
+void	provider_client_unload(void);
+void	provider_call_start(struct provider_call *, const char *,
+	    const char *, const char *, size_t);
+void	provider_call_cleanup(struct provider_call *);
+
+#endif

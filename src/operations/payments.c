@@ -1,0 +1,35 @@
+/*
+ * Payments (lease): POST /v1/payments charges through the provider's
+ * POST /v1/charges with a key derived from the client's; a charge is
+ * saved as a payment (sql/020_payments.sql, payment_settle).
+ */
+
+#include <sys/types.h>
+
+#include "idem.h"
+#include "lease.h"
+#include "operations.h"
+#include "problem.h"
+
+const struct idem_field	payment_fields[PAYMENT_NFIELDS] = {
+	{ "amount",	FIELD_AMOUNT,	1, 1 },
+	{ "currency",	FIELD_CURRENCY,	1, 1 },
+	{ "recipient",	FIELD_ID,	1, 1 },
+	{ "purpose",	FIELD_TEXT,	0, 1 },
+};
+
+static const struct lease_call	charge_call = {
+	.path = "/v1/charges",
+	.members = { "amount", "currency", "recipient" },
+	.id = "charge_id",
+	.declined = PROBLEM_CARD_DECLINED,
+	.rejected = PROBLEM_PAYMENT_REJECTED,
+};
+
+const struct idem_operation	payment_create_operation = {
+	.name = "payments.create",
+	.fields = payment_fields,
+	.nfields = PAYMENT_NFIELDS,
+	.strategy = lease_run,
+	.call = &charge_call,
+};

@@ -1,0 +1,60 @@
+/*
+ * The transactional strategy: the key row and the business rows are
+ * written in ONE PostgreSQL transaction, by one call of tx_run() (see
+ * sql/002_transactional.sql), which takes the key and runs the
+ * operation's own SQL function, registered under the operation's name. A
+ * concurrent duplicate waits inside PostgreSQL on the key's unique index
+ * and replays the first one's saved response; no in_progress state, no
+ * lease, no 409.
+ *
+ *   authenticate -> admit -> execute (tx_run) -> respond
+ *
+ * An operation of this strategy is its table (name, fields) and its SQL
+ * function; nothing of it is written here.
+ */
+
+#include <sys/types.h>
+
+#include <kore/kore.h>
+#include <kore/http.h>
+
+#include "idem.h"
+#include "transactional.h"
+
+#define TX_RUN_SQL							\
+	"SELECT outcome, status_code, response FROM "			\
+	"tx_run($1, $2, $3, $4, $5::jsonb)"
+
+#define TX_STATE_EXECUTE	IDEM_STATE_STRATEGY
+#define TX_STATE_RESPOND	(IDEM_STATE_STRATEGY + 1)
+
+static int	tx_execute(struct http_request *);
+
+static struct http_state	tx_states[] = {
+	KORE_HTTP_STATE(idem_authenticate),
+	KORE_HTTP_STATE(idem_admit),
+	KORE_HTTP_STATE(tx_execute),
+	KORE_HTTP_STATE(idem_respond_outcome),
+};
+
+int
+transactional_run(struct http_request *req)
+{
+	return (http_state_run(tx_states,
+	    sizeof(tx_states) / sizeof(tx_states[0]), req));
+}
+
+static int
+tx_execute(struct http_request *req)
+{
+	struct idem_request	*r = http_state_get(req);
+	const char		*params[5];
+
+	params[0] = r->client_id;
+	params[1] = r->key;
+	params[2] = r->op->name;
+	params[3] = r->fingerprint;
+	params[4] = (const char *)r->request.data;
+
+	return (idem_execute(req, TX_STATE_RESPOND, TX_RUN_SQL, 5, params));
+}
