@@ -143,10 +143,12 @@ comment on function lease_reserve(text, text, text, text, jsonb, int, int) is
     'retry_after: the seconds until the holder''s provider call gives up) '
     'or replayed (with the saved response).';
 
--- Saves the outcome of an attempt, only if it still holds its lease: the
--- key row is locked first, so a late worker waits for the attempt that
--- took its key over and then finds its lease gone. A success or a refusal
--- is saved by the operation's run function.
+-- Saves the outcome of an attempt, only if it still holds its lease. The
+-- operation's run function writes first and the key row is locked last,
+-- by the update that checks the lease: a late worker held up in its writes
+-- (a lock, a slow disk) holds no lock on the key meanwhile, so a retry can
+-- still take the key over once the lease ends. If it has, the update finds
+-- another lease, and the block's savepoint undoes what run wrote.
 create or replace function lease_complete(p_client text, p_key text,
     p_lease bigint, p_provider_id text, p_status_code int, p_problem text)
 returns table (outcome text, status_code int, response text, status text)
@@ -156,45 +158,67 @@ declare
 	v_run		regproc;
 	v_status	int;
 	v_response	text;
+	v_saved		boolean := false;
 begin
 	select * into v_key
 	  from idempotency_keys k
-	 where k.client_id = p_client and k.idem_key = p_key
-	   for update;
+	 where k.client_id = p_client and k.idem_key = p_key;
+
+	-- Fenced already: nothing is run.
+	if found and v_key.lease_id = p_lease and
+	    v_key.status = 'in_progress' then
+		select o.run into v_run
+		  from idem_operations o
+		 where o.operation = v_key.operation and o.strategy = 'lease';
+		if v_run is null then
+			raise exception 'no lease operation %', v_key.operation;
+		end if;
+
+		begin
+			execute format('select status_code, response from '
+			    '%s($1, $2, $3, $4, $5, $6)', v_run)
+			   into v_status, v_response
+			  using p_client, p_key, v_key.request, p_provider_id,
+			    p_status_code, p_problem;
+
+			update idempotency_keys k
+			   set status = 'done', status_code = v_status,
+			       response = v_response, locked_until = null,
+			       finished_at = now()
+			 where k.client_id = p_client and k.idem_key = p_key
+			   and k.lease_id = p_lease and k.status = 'in_progress';
+
+			-- Taken over while run wrote: undo its writes. Only
+			-- this SQLSTATE is caught; run's own errors go to the
+			-- caller.
+			if not found then
+				raise exception 'lease % of %:% was taken over',
+				    p_lease, p_client, p_key
+				    using errcode = 'IDF01';
+			end if;
+			v_saved := true;
+		exception when sqlstate 'IDF01' then
+			v_saved := false;
+		end;
+
+		if v_saved then
+			return query select 'completed'::text, v_status,
+			    v_response, 'done'::text;
+			return;
+		end if;
+	end if;
+
+	-- The lease was taken over: this late result is not written.
+	return query select 'fenced'::text, k.status_code, k.response, k.status
+	  from idempotency_keys k
+	 where k.client_id = p_client and k.idem_key = p_key;
 
 	-- The attempt that took it over finished it, and the cleanup has
 	-- deleted it since (a short retention): still one row, saying so.
 	if not found then
 		return query select 'fenced'::text, null::int, null::text,
 		    'gone'::text;
-		return;
 	end if;
-
-	-- The lease was taken over: this late result is not written.
-	if v_key.lease_id <> p_lease or v_key.status <> 'in_progress' then
-		return query select 'fenced'::text, v_key.status_code,
-		    v_key.response, v_key.status;
-		return;
-	end if;
-
-	select o.run into v_run
-	  from idem_operations o
-	 where o.operation = v_key.operation and o.strategy = 'lease';
-	if v_run is null then
-		raise exception 'no lease operation %', v_key.operation;
-	end if;
-
-	execute format('select status_code, response from %s($1, $2, $3, $4, '
-	    '$5, $6)', v_run) into v_status, v_response using p_client, p_key,
-	    v_key.request, p_provider_id, p_status_code, p_problem;
-
-	update idempotency_keys k
-	   set status = 'done', status_code = v_status, response = v_response,
-	       locked_until = null, finished_at = now()
-	 where k.client_id = p_client and k.idem_key = p_key;
-
-	return query select 'completed'::text, v_status, v_response,
-	    'done'::text;
 end;
 $$;
 

@@ -1,19 +1,24 @@
--- The SQL of the lease strategy: reserve, take-over, complete, release and
--- the fencing rule; and the fake provider's one charge per key and its 409.
+-- The SQL of the lease strategy (lease_reserve, lease_complete,
+-- lease_release, here with payments.create): reserve, take-over, complete,
+-- release and the fencing rule; and the fake provider's one charge per key
+-- and its 409.
 begin;
-select plan(46);
+select plan(53);
 
-create temporary table r1 as select * from payment_reserve('shop-1', 'p-1',
+create temporary table r1 as select * from lease_reserve('shop-1', 'p-1',
     'payments.create', repeat('a', 64),
     '{"amount":100,"currency":"RUB","recipient":"acc"}', 30, 10000);
 select is((select outcome from r1), 'reserved', 'a new key is reserved');
 select is((select lease_id from r1), 1::bigint, 'with lease 1');
+select is((select request from r1),
+    '{"amount":100,"currency":"RUB","recipient":"acc"}'::jsonb,
+    'and the request to send the provider');
 select is((select status from idempotency_keys where idem_key = 'p-1'),
     'in_progress', 'the key is in_progress');
 select ok((select locked_until > now() + interval '29 seconds'
     from idempotency_keys where idem_key = 'p-1'), 'leased for 30 seconds');
 
-create temporary table r2 as select * from payment_reserve('shop-1', 'p-1',
+create temporary table r2 as select * from lease_reserve('shop-1', 'p-1',
     'payments.create', repeat('a', 64), '{}', 30, 10000);
 select is((select outcome from r2), 'in_flight', 'a duplicate while the lease holds');
 select is((select retry_after from r2), 10,
@@ -21,45 +26,48 @@ select is((select retry_after from r2), 10,
     'its lease ends (30 s)');
 select is((select lease_id from idempotency_keys where idem_key = 'p-1'), 1::bigint,
     'and does not touch the lease');
-select is((select outcome from payment_reserve('shop-1', 'p-1', 'payments.create',
+select is((select outcome from lease_reserve('shop-1', 'p-1', 'payments.create',
     repeat('b', 64), '{}', 30, 10000)), 'mismatch', 'another fingerprint is a mismatch');
-select is((select outcome from payment_reserve('shop-1', 'p-1', 'demo.naive',
+select is((select outcome from lease_reserve('shop-1', 'p-1', 'demo.naive',
     repeat('a', 64), '{}', 30, 10000)), 'mismatch', 'another operation is a mismatch');
 
 update idempotency_keys set call_deadline = now() - interval '1 second'
  where idem_key = 'p-1';
-select is((select retry_after from payment_reserve('shop-1', 'p-1', 'payments.create',
+select is((select retry_after from lease_reserve('shop-1', 'p-1', 'payments.create',
     repeat('a', 64), '{}', 30, 10000)), 1,
     'once the holder''s call has given up (it is releasing, or died): 1 s');
 update idempotency_keys set call_deadline = now() + interval '1 hour'
  where idem_key = 'p-1';
-select is((select retry_after from payment_reserve('shop-1', 'p-1', 'payments.create',
+select is((select retry_after from lease_reserve('shop-1', 'p-1', 'payments.create',
     repeat('a', 64), '{}', 30, 10000)), 30, 'never past the end of the lease');
 
 -- The first worker dies; its lease runs out.
 update idempotency_keys set locked_until = now() - interval '1 second'
  where idem_key = 'p-1';
-select is((select outcome from payment_reserve('shop-1', 'p-1', 'payments.create',
+select is((select outcome from lease_reserve('shop-1', 'p-1', 'payments.create',
     repeat('b', 64), '{}', 30, 10000)), 'mismatch',
     'an expired lease is not taken over by another request');
-create temporary table r3 as select * from payment_reserve('shop-1', 'p-1',
+create temporary table r3 as select * from lease_reserve('shop-1', 'p-1',
     'payments.create', repeat('a', 64), '{}', 30, 10000);
 select is((select outcome from r3), 'taken_over', 'the same request takes an expired lease over');
 select is((select lease_id from r3), 2::bigint, 'with the next fencing token');
+select is((select request from r3),
+    '{"amount":100,"currency":"RUB","recipient":"acc"}'::jsonb,
+    'and the request kept when the key was taken, not the retry''s');
 
 -- The first worker comes back late with lease 1.
-select results_eq($$select outcome, status from payment_complete('shop-1', 'p-1', 1,
+select results_eq($$select outcome, status from lease_complete('shop-1', 'p-1', 1,
     'ch_late', 201, null)$$, $$values ('fenced'::text, 'in_progress'::text)$$,
     'completing with a lost lease is fenced');
 select is((select count(*)::int from payments where idem_key = 'p-1'), 0,
     'and writes no payment');
 select is((select status from idempotency_keys where idem_key = 'p-1'), 'in_progress',
     'nor the key');
-select is(payment_release('shop-1', 'p-1', 1), false, 'nor can it release the lease');
+select is(lease_release('shop-1', 'p-1', 1), false, 'nor can it release the lease');
 select ok((select locked_until > now() from idempotency_keys where idem_key = 'p-1'),
     'which the new holder keeps');
 
-create temporary table c1 as select * from payment_complete('shop-1', 'p-1', 2,
+create temporary table c1 as select * from lease_complete('shop-1', 'p-1', 2,
     'ch_1', 201, null);
 select is((select outcome from c1), 'completed', 'the holder completes');
 select is((select response::jsonb - 'payment_id' from c1),
@@ -70,11 +78,11 @@ select is((select count(*)::int from payments where idem_key = 'p-1' and charge_
 select results_eq($$select status, status_code, locked_until from idempotency_keys
     where idem_key = 'p-1'$$, $$values ('done'::text, 201, null::timestamptz)$$,
     'the key is done, lease cleared');
-select results_eq($$select outcome, status_code, response from payment_reserve('shop-1',
+select results_eq($$select outcome, status_code, response from lease_reserve('shop-1',
     'p-1', 'payments.create', repeat('a', 64), '{}', 30, 10000)$$,
     $$select 'replayed'::text, 201, response from c1$$,
     'a retry after completion gets the saved response');
-select results_eq($$select outcome, status from payment_complete('shop-1', 'p-1', 1,
+select results_eq($$select outcome, status from lease_complete('shop-1', 'p-1', 1,
     'ch_late', 201, null)$$, $$values ('fenced'::text, 'done'::text)$$,
     'a late worker after completion is fenced and told the key is done');
 select is((select count(*)::int from payments where idem_key = 'p-1'), 1,
@@ -84,7 +92,7 @@ select is((select count(*)::int from payments where idem_key = 'p-1'), 1,
 -- before the late worker comes back.
 savepoint cleaned;
 delete from idempotency_keys where idem_key = 'p-1';
-select results_eq($$select outcome, status_code, response, status from payment_complete(
+select results_eq($$select outcome, status_code, response, status from lease_complete(
     'shop-1', 'p-1', 1, 'ch_late', 201, null)$$,
     $$values ('fenced'::text, null::int, null::text, 'gone'::text)$$,
     'a late worker whose key was finished and deleted gets one row: fenced, gone');
@@ -93,27 +101,63 @@ select is((select count(*)::int from payments where charge_id = 'ch_late'), 0,
 rollback to savepoint cleaned;
 
 -- A provider failure: the lease is given back at once.
-select is((select lease_id from payment_reserve('shop-1', 'p-2', 'payments.create',
+select is((select lease_id from lease_reserve('shop-1', 'p-2', 'payments.create',
     repeat('a', 64), '{"amount":5,"currency":"EUR","recipient":"x"}', 30, 10000)), 1::bigint,
     'p-2 reserved');
-select is(payment_release('shop-1', 'p-2', 1), true, 'the holder releases');
+select is(lease_release('shop-1', 'p-2', 1), true, 'the holder releases');
 select results_eq($$select status, status_code from idempotency_keys where idem_key = 'p-2'$$,
     $$values ('in_progress'::text, null::int)$$, 'nothing is saved');
-create temporary table r4 as select * from payment_reserve('shop-1', 'p-2',
+create temporary table r4 as select * from lease_reserve('shop-1', 'p-2',
     'payments.create', repeat('a', 64), '{}', 30, 10000);
 select results_eq($$select outcome, lease_id from r4$$,
     $$values ('taken_over'::text, 2::bigint)$$, 'a retry takes the key at once, fenced anew');
 
 -- A decline is saved and replayed.
-select is((select outcome from payment_complete('shop-1', 'p-2', 2, null, 402,
+select is((select outcome from lease_complete('shop-1', 'p-2', 2, null, 402,
     '{"type":"x","status":402}')), 'completed', 'a decline completes');
 select results_eq($$select status_code, response from idempotency_keys where idem_key = 'p-2'$$,
     $$values (402, '{"type":"x","status":402}'::text)$$, 'as a saved 402');
 select is((select count(*)::int from payments where idem_key = 'p-2'), 0,
     'with no payment row');
 
-select is((select outcome from payment_reserve('shop-2', 'p-1', 'payments.create',
+select is((select outcome from lease_reserve('shop-2', 'p-1', 'payments.create',
     repeat('a', 64), '{}', 30, 10000)), 'reserved', 'the same key of another client is its own');
+
+-- The run function writes before the key row is locked: a take-over while
+-- it wrote (simulated here by a run that bumps the lease itself) fences
+-- the late result and undoes its writes; run's own errors reach the caller.
+create function test_taken_over_run(p_client text, p_key text,
+    p_request jsonb, p_id text, p_status int, p_problem text)
+returns table (status_code int, response text)
+language sql as $$
+	insert into payments (client_id, idem_key, charge_id, amount, currency,
+	    recipient)
+	values (p_client, p_key, p_id, 1, 'RUB', 'acc');
+	update idempotency_keys k set lease_id = k.lease_id + 1
+	 where k.client_id = p_client and k.idem_key = p_key;
+	select 201, '{}'::text;
+$$;
+create function test_failing_run(p_client text, p_key text,
+    p_request jsonb, p_id text, p_status int, p_problem text)
+returns table (status_code int, response text)
+language plpgsql as $$
+begin
+	raise exception 'run failed' using errcode = '22012';
+end;
+$$;
+select idem_operation('test.taken-over', 'lease', 'test_taken_over_run');
+select idem_operation('test.failing', 'lease', 'test_failing_run');
+select is((select outcome from lease_reserve('shop-1', 'p-3', 'test.taken-over',
+    repeat('a', 64), '{}', 30, 10000)), 'reserved', 'p-3 reserved');
+select results_eq($$select outcome, status from lease_complete('shop-1', 'p-3', 1,
+    'ch_3', 201, null)$$, $$values ('fenced'::text, 'in_progress'::text)$$,
+    'a lease taken over while run wrote is fenced');
+select is((select count(*)::int from payments where charge_id = 'ch_3'), 0,
+    'and what run wrote is undone');
+select is((select outcome from lease_reserve('shop-1', 'p-4', 'test.failing',
+    repeat('a', 64), '{}', 30, 10000)), 'reserved', 'p-4 reserved');
+select throws_ok($$select * from lease_complete('shop-1', 'p-4', 1, 'ch_4', 201,
+    null)$$, '22012', 'run failed', 'an error of run is the caller''s, not a fence');
 
 -- The fake provider: one charge per key, and a 409 while the request that
 -- made it still thinks (here 60 s).
