@@ -50,6 +50,7 @@ static void	call_notice(void *, const PGresult *);
 static int	call_classify(const char *);
 static char	*session_dsn(const char *);
 static void	dsn_append(struct kore_buf *, const char *, const char *);
+static void	options_append(struct kore_buf *, const char *);
 
 void
 db_register(void)
@@ -486,10 +487,12 @@ call_notice(void *arg, const PGresult *res)
 /*
  * The connection string with the session settings the design needs, on
  * every connection whatever the server's or the role's defaults: the
- * bounds of IDEM_DB_TIMEOUT_MS, and READ COMMITTED, under which a
- * duplicate that waited on the key's unique index sees the first one's
- * row (under REPEATABLE READ it fails instead). Settings the operator
- * gave in "options" come first; these win.
+ * bounds of IDEM_DB_TIMEOUT_MS, READ COMMITTED, under which a duplicate
+ * that waited on the key's unique index sees the first one's row (under
+ * REPEATABLE READ it fails instead), and idem.public_url, the base of the
+ * type URLs of the problems the SQL saves (idem_problem()), so that they
+ * are the C's (problem.c). Settings the operator gave in "options" come
+ * first; these win.
  */
 static char *
 session_dsn(const char *url)
@@ -508,7 +511,8 @@ session_dsn(const char *url)
 	(void)snprintf(settings_opts, sizeof(settings_opts),
 	    "-c statement_timeout=%u -c lock_timeout=%u "
 	    "-c idle_in_transaction_session_timeout=%u "
-	    "-c default_transaction_isolation=read\\ committed",
+	    "-c default_transaction_isolation=read\\ committed "
+	    "-c idem.public_url=",
 	    settings.db_timeout_ms, settings.db_timeout_ms,
 	    settings.db_timeout_ms);
 
@@ -532,6 +536,7 @@ session_dsn(const char *url)
 		kore_buf_appendf(&buf, "options='");
 	}
 	dsn_append(&buf, NULL, settings_opts);
+	options_append(&buf, settings.public_url);
 	kore_buf_appendf(&buf, "'");
 
 	PQconninfoFree(opts);
@@ -539,6 +544,28 @@ session_dsn(const char *url)
 	kore_buf_cleanup(&buf);
 
 	return (dsn);
+}
+
+/*
+ * A value inside "options", where a space would end it: spaces and
+ * backslashes take a backslash, then the whole is escaped for the quoted
+ * connection string like any value (dsn_append()).
+ */
+static void
+options_append(struct kore_buf *buf, const char *value)
+{
+	struct kore_buf		opt;
+	const char		*p;
+
+	kore_buf_init(&opt, 128);
+	for (p = value; *p != '\0'; p++) {
+		if (*p == ' ' || *p == '\\')
+			kore_buf_append(&opt, "\\", 1);
+		kore_buf_append(&opt, p, 1);
+	}
+
+	dsn_append(buf, NULL, kore_buf_stringify(&opt, NULL));
+	kore_buf_cleanup(&opt);
 }
 
 /*
