@@ -54,8 +54,6 @@ dev_canonical_json(struct http_request *req)
 	return (KORE_RESULT_OK);
 }
 
-#endif
-
 /*
  * GET /dev/problems: the C table of problems, which the SQL's own must
  * agree with (tests/http/19_problems_agree.py).
@@ -101,4 +99,6 @@ dev_sanitizer_canary(struct http_request *req)
 
 	return (KORE_RESULT_OK);
 }
+#endif
+
 #endif
