@@ -608,7 +608,14 @@ fingerprint(struct idem_request *r)
 	sha256_hex(r->canonical.data, r->canonical.offset, r->fingerprint);
 
 	json_canonical_members(&r->request, all, m);
+
+	/*
+	 * NUL-terminated for a text parameter of the SQL, but offset stays
+	 * the JSON's length: a provider body is built from data and offset,
+	 * and a JSON parser refuses the NUL after the document.
+	 */
 	(void)kore_buf_stringify(&r->request, NULL);
+	r->request.offset--;
 }
 
 static int
