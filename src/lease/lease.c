@@ -138,7 +138,8 @@ lease_attempt_call(struct lease_attempt *a, const char *request,
 	if (!a->pcall.done)
 		return (0);
 
-	a->answer = provider_answer_classify(&a->pcall, a->call->id);
+	a->answer = provider_answer_classify(&a->pcall, a->call->id,
+	    a->call->noun);
 	if (!provider_answer_saved(a->answer)) {
 		kore_log(LOG_NOTICE, "provider call for %s:%s not finished: %s",
 		    a->client_id, a->key, a->pcall.detail);
@@ -364,9 +365,9 @@ lease_respond(struct http_request *req)
 			    a->pcall.retry_after);
 			http_response_header(req, "retry-after", after);
 			return (idem_fail(req, PROBLEM_IN_PROGRESS, "the "
-			    "provider is still processing an earlier attempt "
-			    "with Idempotency-Key '%s'; retry in %s s with the "
-			    "same key", r->key, after));
+			    "payment provider is still processing an earlier "
+			    "attempt with Idempotency-Key '%s'; retry in %s s "
+			    "with the same key", r->key, after));
 		}
 
 		return (idem_fail(req, a->answer->problem, "%s; retry with the "
@@ -429,11 +430,11 @@ lease_respond_fenced(struct http_request *req)
 
 	if (!strcmp(status, "gone")) {
 		return (idem_fail(req, PROBLEM_KEY_EXPIRED, "another attempt "
-		    "with Idempotency-Key '%s' finished this operation, and "
-		    "its outcome has passed the retention of %u s and was "
+		    "with Idempotency-Key '%s' finished this %s, and its "
+		    "outcome has passed the retention of %u s and was "
 		    "deleted; this attempt's result was not written. Do not "
-		    "retry with this key: it would be a new operation", r->key,
-		    settings.retention_seconds));
+		    "retry with this key: it would be a new %s", r->key,
+		    a->call->noun, settings.retention_seconds, a->call->noun));
 	}
 
 	http_response_header(req, "retry-after", "1");

@@ -19,12 +19,14 @@
 /*
  * An operation's provider call, as data: the path it posts to, the
  * members of its saved request sent in the body (by name), the member of
- * a success that names it, and its problems for the provider's refusals.
+ * a success that names it, what it asks for in messages ("the provider
+ * refused the payment"), and its problems for the provider's refusals.
  */
 struct lease_call {
 	const char	*path;
 	const char	*members[LEASE_MEMBERS_MAX];
 	const char	*id;
+	const char	*noun;
 	int		declined;
 	int		rejected;
 

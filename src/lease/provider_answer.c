@@ -79,15 +79,19 @@ static int	rule_matches(const struct answer_rule *, struct provider_call *,
 		    struct json_value *, const char *);
 static int	id_valid(struct json_value *);
 static void	describe(const struct provider_answer *,
-		    struct provider_call *, struct json_value *, const char *);
+		    struct provider_call *, struct json_value *, const char *,
+		    const char *);
 static void	detail_copy(char *, size_t, const char *, size_t);
 
 /*
- * The class of a finished call, with what the payment needs of it in the
- * call: the charge id, the provider's reason, its Retry-After.
+ * The class of a finished call, with what the operation needs of it in
+ * the call: the id of what the provider made (id names its member), the
+ * provider's reason, its Retry-After. noun names what the call asked for
+ * (payment, refund) in the messages.
  */
 const struct provider_answer *
-provider_answer_classify(struct provider_call *call, const char *id)
+provider_answer_classify(struct provider_call *call, const char *id,
+    const char *noun)
 {
 	struct json_value	*body;
 	char			err[JSON_ERROR_LEN];
@@ -108,7 +112,7 @@ provider_answer_classify(struct provider_call *call, const char *id)
 	if (i == sizeof(rules) / sizeof(rules[0]))
 		fatal("%s: no class for status %ld", __func__, call->status);
 
-	describe(&rules[i].answer, call, body, id);
+	describe(&rules[i].answer, call, body, id, noun);
 	json_free(body);
 
 	return (&rules[i].answer);
@@ -159,7 +163,7 @@ id_valid(struct json_value *v)
 
 static void
 describe(const struct provider_answer *answer, struct provider_call *call,
-    struct json_value *body, const char *id)
+    struct json_value *body, const char *id, const char *noun)
 {
 	struct json_value	*v;
 	curl_off_t		after;
@@ -181,7 +185,7 @@ describe(const struct provider_answer *answer, struct provider_call *call,
 			    v->len);
 		} else {
 			(void)snprintf(call->detail, sizeof(call->detail),
-			    "the provider refused it (status %ld)",
+			    "the provider refused the %s (status %ld)", noun,
 			    call->status);
 		}
 		return;
@@ -191,7 +195,7 @@ describe(const struct provider_answer *answer, struct provider_call *call,
 			call->retry_after = after < RETRY_AFTER_MAX ?
 			    (u_int32_t)after : RETRY_AFTER_MAX;
 		(void)snprintf(call->detail, sizeof(call->detail),
-		    "the provider is still processing this key");
+		    "the provider is still processing this %s", noun);
 		return;
 	default:
 		break;
@@ -204,6 +208,11 @@ describe(const struct provider_answer *answer, struct provider_call *call,
 		(void)snprintf(call->detail, sizeof(call->detail), "%s",
 		    call->errbuf[0] ? call->errbuf :
 		    curl_easy_strerror(call->result));
+	} else if (call->status >= 200 && call->status <= 299) {
+		/* The row's "valid id" is the member this operation reads. */
+		(void)snprintf(call->detail, sizeof(call->detail),
+		    "the provider answered %ld (2xx without a valid %s)",
+		    call->status, id);
 	} else {
 		(void)snprintf(call->detail, sizeof(call->detail),
 		    "the provider answered %ld (%s)", call->status,

@@ -25,7 +25,8 @@ struct provider_answer {
 };
 
 const struct provider_answer	*provider_answer_classify(
-				    struct provider_call *, const char *);
+				    struct provider_call *, const char *,
+				    const char *);
 int				provider_answer_saved(
 				    const struct provider_answer *);
 

@@ -22,6 +22,7 @@ static const struct lease_call	charge_call = {
 	.path = "/v1/charges",
 	.members = { "amount", "currency", "recipient" },
 	.id = "charge_id",
+	.noun = "payment",
 	.declined = PROBLEM_CARD_DECLINED,
 	.rejected = PROBLEM_PAYMENT_REJECTED,
 };
