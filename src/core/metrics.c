@@ -76,6 +76,11 @@ metrics_init(void)
 {
 	struct metrics_anchor	*anchor;
 
+	/* The counters of a route are indexed by its line in routes.c. */
+	if (idem_nroutes > ROUTE_MAX)
+		fatal("%s: %zu routes, room for %d", __func__, idem_nroutes,
+		    ROUTE_MAX);
+
 	shared = mmap(NULL, sizeof(*shared), PROT_READ | PROT_WRITE,
 	    MAP_SHARED | MAP_ANONYMOUS, -1, 0);
 	if (shared == MAP_FAILED)
