@@ -84,21 +84,6 @@ $$;
 comment on function idempotency_replay(text, text, text, text) is
     'The answer to a retry of a finished key: replayed or mismatch.';
 
-create or replace function idempotency_finish(p_client text, p_key text,
-    p_status_code int, p_response text)
-returns void
-language plpgsql as $$
-begin
-	update idempotency_keys
-	   set status = 'done', status_code = p_status_code,
-	       response = p_response, finished_at = now()
-	 where client_id = p_client and idem_key = p_key;
-end;
-$$;
-
-comment on function idempotency_finish(text, text, int, text) is
-    'Saves the outcome of a key taken in the same transaction.';
-
 -- Columns of the lease strategy, on the one key table (see 003_lease.sql).
 alter table idempotency_keys add column if not exists call_deadline timestamptz;
 alter table idempotency_keys add column if not exists recovery_attempts int
