@@ -1,11 +1,15 @@
 -- The SQL functions of the transactional strategy: what they write and what
--- they return on a replay, a mismatch and an insufficient balance.
+-- they return on a replay, a mismatch and an insufficient balance. Every
+-- operation runs through tx_run(), as the service calls it.
 begin;
-select plan(31);
+select plan(36);
 
-create temporary table r1 as select * from order_create('shop-1', 'o-1',
-    repeat('a', 64), 'c-1', 150000, 'RUB', 'first',
-    'http://x/problems/balance-limit-exceeded', 'Limit');
+-- The base of problem type URLs, as the service sets it on its connections.
+set local idem.public_url = 'http://x';
+
+create temporary table r1 as select * from tx_run('shop-1', 'o-1',
+    'orders.create', repeat('a', 64), jsonb_build_object('customer_id', 'c-1',
+    'amount', 150000, 'currency', 'RUB', 'comment', 'first'));
 
 select is((select outcome from r1), 'created', 'a new key creates');
 select is((select status_code from r1), 201, 'with status 201');
@@ -25,9 +29,9 @@ select is((select status from idempotency_keys where idem_key = 'o-1'), 'done',
 select is((select response from idempotency_keys where idem_key = 'o-1'),
     (select response from r1), 'the saved response is the one returned');
 
-select results_eq($$select outcome, status_code, response from order_create('shop-1',
-    'o-1', repeat('a', 64), 'c-1', 150000, 'RUB', 'first',
-    'http://x/problems/balance-limit-exceeded', 'Limit')$$,
+select results_eq($$select outcome, status_code, response from tx_run('shop-1',
+    'o-1', 'orders.create', repeat('a', 64), jsonb_build_object('customer_id',
+    'c-1', 'amount', 150000, 'currency', 'RUB', 'comment', 'first'))$$,
     $$select 'replayed'::text, 201, response from r1$$,
     'the same key and fingerprint replays the saved response');
 select is((select count(*)::int from orders where idem_key = 'o-1'), 1,
@@ -35,33 +39,40 @@ select is((select count(*)::int from orders where idem_key = 'o-1'), 1,
 select is((select balance from bonus_accounts where client_id = 'shop-1'
     and customer_id = 'c-1'), 1500::bigint, 'nor points');
 
-select is((select outcome from order_create('shop-1', 'o-1', repeat('b', 64), 'c-1',
-    150001, 'RUB', 'first',
-    'http://x/problems/balance-limit-exceeded', 'Limit')), 'mismatch', 'another fingerprint is a mismatch');
+select is((select outcome from tx_run('shop-1', 'o-1', 'orders.create',
+    repeat('b', 64), jsonb_build_object('customer_id', 'c-1', 'amount', 150001,
+    'currency', 'RUB', 'comment', 'first'))), 'mismatch',
+    'another fingerprint is a mismatch');
 select is((select count(*)::int from orders where idem_key = 'o-1'), 1,
     'the mismatch wrote nothing');
-select is((select outcome from order_create('shop-2', 'o-1', repeat('a', 64), 'c-1',
-    150000, 'RUB', 'first',
-    'http://x/problems/balance-limit-exceeded', 'Limit')), 'created', 'the same key of another client creates');
+select is((select outcome from tx_run('shop-2', 'o-1', 'orders.create',
+    repeat('a', 64), jsonb_build_object('customer_id', 'c-1', 'amount', 150000,
+    'currency', 'RUB', 'comment', 'first'))), 'created',
+    'the same key of another client creates');
 select is((select balance from bonus_accounts where client_id = 'shop-2'
     and customer_id = 'c-1'), 1500::bigint, 'in that client''s own ledger');
 
-select is((select outcome from order_create('shop-1', 'o-small', repeat('a', 64),
-    'c-1', 99, 'RUB', null, 'http://x/problems/balance-limit-exceeded', 'Limit')), 'created', 'an order of 99 minor units');
+select is((select outcome from tx_run('shop-1', 'o-small', 'orders.create',
+    repeat('a', 64), jsonb_build_object('customer_id', 'c-1', 'amount', 99,
+    'currency', 'RUB'))), 'created', 'an order of 99 minor units');
 select is((select count(*)::int from bonus_ledger where idem_key = 'o-small'), 0,
     'accrues nothing and writes no ledger row');
+select is((select comment from orders where idem_key = 'o-small'), null,
+    'an absent comment is saved as none');
 
-create temporary table b1 as select * from bonus_apply('shop-1', 'b-1',
-    repeat('c', 64), 'c-1', -500, 'redeem', 'http://x/problems/insufficient-balance',
-    'Insufficient bonus balance', 'http://x/problems/balance-limit-exceeded', 'Limit');
+create temporary table b1 as select * from tx_run('shop-1', 'b-1',
+    'bonuses.apply', repeat('c', 64), jsonb_build_object('customer_id', 'c-1',
+    'points', -500, 'reason', 'redeem'));
 select is((select status_code from b1), 201, 'a redemption within the balance');
 select is((select response::jsonb - 'entry_id' from b1),
     '{"customer_id":"c-1","points":-500,"balance":1000}'::jsonb,
     'answers the new balance');
+select is((select reason from bonus_ledger where idem_key = 'b-1'), 'redeem',
+    'with the reason in its ledger row');
 
-create temporary table b2 as select * from bonus_apply('shop-1', 'b-2',
-    repeat('d', 64), 'c-1', -5000, 'redeem', 'http://x/problems/insufficient-balance',
-    'Insufficient bonus balance', 'http://x/problems/balance-limit-exceeded', 'Limit');
+create temporary table b2 as select * from tx_run('shop-1', 'b-2',
+    'bonuses.apply', repeat('d', 64), jsonb_build_object('customer_id', 'c-1',
+    'points', -5000, 'reason', 'redeem'));
 select is((select outcome from b2), 'created', 'an insufficient balance is an outcome');
 select is((select status_code from b2), 422, 'saved as 422');
 select is((select response::jsonb from b2),
@@ -72,17 +83,33 @@ select is((select count(*)::int from bonus_ledger where idem_key = 'b-2'), 0,
     'with no ledger row');
 select is((select balance from bonus_accounts where client_id = 'shop-1'
     and customer_id = 'c-1'), 1000::bigint, 'and the balance unchanged');
-select results_eq($$select outcome, status_code, response from bonus_apply('shop-1',
-    'b-2', repeat('d', 64), 'c-1', -5000, 'redeem', 'http://x/other', 'Other',
-    'http://x/problems/balance-limit-exceeded', 'Limit')$$,
+-- Another base URL now: a replay is the saved bytes, not a new problem.
+set local idem.public_url = 'http://other';
+select results_eq($$select outcome, status_code, response from tx_run('shop-1',
+    'b-2', 'bonuses.apply', repeat('d', 64), jsonb_build_object('customer_id',
+    'c-1', 'points', -5000, 'reason', 'redeem'))$$,
     $$select 'replayed'::text, 422, response from b2$$,
     'the saved 422 is replayed byte for byte');
+set local idem.public_url = 'http://x';
 select is((select count(*)::int from bonus_post('shop-1', 'nobody', -1, 'x', null, 'k')),
     0, 'redeeming from an unknown customer posts nothing');
 
-select is((select outcome from bonus_apply('shop-1', 'o-1', repeat('a', 64), 'c-1',
-    10, 'gift', 'http://x', 'x', 'http://x/problems/balance-limit-exceeded', 'Limit')), 'mismatch',
+select is((select outcome from tx_run('shop-1', 'o-1', 'bonuses.apply',
+    repeat('a', 64), jsonb_build_object('customer_id', 'c-1', 'points', 10,
+    'reason', 'gift'))), 'mismatch',
     'a key used for an order is a mismatch for a bonus, even with its fingerprint');
+
+-- tx_run() runs only registered transactional operations.
+select throws_ok($$select * from tx_run('shop-1', 'u-1', 'orders.nope',
+    repeat('a', 64), '{}'::jsonb)$$, 'P0001',
+    'no transactional operation orders.nope',
+    'tx_run refuses an unknown operation');
+select throws_ok($$select * from tx_run('shop-1', 'u-2', 'payments.create',
+    repeat('a', 64), '{"amount":1,"currency":"RUB","recipient":"a"}'::jsonb)$$,
+    'P0001', 'no transactional operation payments.create',
+    'and an operation of the lease strategy');
+select is((select count(*)::int from idempotency_keys where idem_key in ('u-1', 'u-2')),
+    0, 'neither refusal leaves a key behind');
 
 select is(order_list('shop-1', 'c-1')::jsonb -> 'orders' -> 0 ->> 'comment', 'first',
     'order_list shows the client''s orders');
