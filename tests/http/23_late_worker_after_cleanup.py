@@ -34,7 +34,7 @@ lock = PsqlSession()
 lock.run("begin; lock table payments in share mode;")
 late = Background(late_api.post, "/v1/payments", body, key=key)
 wait_until(lambda: int(sql_value("select count(*) from pg_stat_activity where wait_event ="
-                                 " 'relation' and query like '%payment_complete(%'")) == 1,
+                                 " 'relation' and query like '%lease_complete(%'")) == 1,
            "the first worker to block on its completion")
 wait_until(lambda: not key_row(key)["leased"], "its lease to run out")
 

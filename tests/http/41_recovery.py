@@ -51,7 +51,8 @@ t.eq(sql_value(f"select charge_id from payments where idem_key = {quote(key)}"),
 # tests leave no other payment for this instance to recover.
 wait_until(lambda: recovered(api) >= 1, "the recovery to be counted")
 t.eq(recovered(api), 1, "idem_payments_recovered_total counts it, once")
-t.ok("recovery: payment shop-1:" + key in api.read_log(), "the API logged it")
+t.ok(f"recovery: shop-1:{key} completed with status 201" in api.read_log(),
+     "the API logged it")
 
 retry = api.post("/v1/payments", {"amount": 2500, "currency": "EUR", "recipient": rcpt},
                  key=key)
