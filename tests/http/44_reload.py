@@ -64,7 +64,7 @@ def abandoned_payment(recipient):
         " status, lease_id, locked_until, request) values ('shop-1', "
         f"{quote(k)}, 'payments.create', repeat('c', 64), 'in_progress', 1,"
         " now() - interval '10 seconds', "
-        f"""'{{"amount": "700", "currency": "RUB", "recipient": "{recipient}"}}')""")
+        f"""'{{"amount": 700, "currency": "RUB", "recipient": "{recipient}"}}')""")
     return k
 
 
