@@ -43,6 +43,14 @@ reload_release(void)
 	held--;
 
 	if (held == 0 && pending) {
+		/*
+		 * Kore keeps one pending signal: a SIGHUP now would replace
+		 * a SIGQUIT or SIGTERM not yet handled, and the worker would
+		 * reload instead of stopping, its parent waiting for it.
+		 */
+		if (sig_recv == SIGQUIT || sig_recv == SIGTERM ||
+		    sig_recv == SIGINT)
+			return;
 		kore_log(LOG_NOTICE, "work drained; reloading the module");
 		/* kill(2), not raise(3): the sandbox allows kill only. */
 		if (kill(getpid(), SIGHUP) == -1)
