@@ -184,15 +184,22 @@ language plpgsql as $$
 declare
 	v_deleted	int;
 begin
-	delete from idempotency_keys k
-	 using (select c.client_id, c.idem_key
+	-- The batch is chosen once. As a subquery of the delete it could be
+	-- the inner side of a nested loop (stale statistics that say the
+	-- table holds one row) and run again for every row: each run skips
+	-- the rows this delete has just removed and locks the next ones, so
+	-- one call deleted any number of keys.
+	with d as materialized (
+		select c.client_id, c.idem_key
 		  from idempotency_keys c
 		 where c.created_at < now() -
 			   make_interval(secs => p_retention_seconds)
 		   and c.status = 'done'
 		 order by c.created_at
 		 limit p_batch
-		   for update skip locked) d
+		   for update skip locked)
+	delete from idempotency_keys k
+	 using d
 	 where k.client_id = d.client_id and k.idem_key = d.idem_key;
 
 	get diagnostics v_deleted = row_count;

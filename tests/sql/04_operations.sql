@@ -2,7 +2,7 @@
 -- lease operations (lease_recover_claim, lease_recover_release) with its
 -- backoff.
 begin;
-select plan(25);
+select plan(26);
 
 insert into idempotency_keys (client_id, idem_key, operation, fingerprint,
     status, status_code, response, created_at, finished_at)
@@ -29,6 +29,21 @@ select ok(exists(select 1 from idempotency_keys where idem_key = 'stuck'),
     'in-progress keys are never deleted, however old');
 select is((select count(*)::int from idempotency_keys where idem_key like 'old-%'), 0,
     'no old finished key is left');
+
+-- Statistics that say the table holds one row made the planner run the
+-- batch's subquery again for every row of the delete, each run locking
+-- the next keys: one call deleted them all.
+savepoint stale;
+insert into idempotency_keys (client_id, idem_key, operation, fingerprint,
+    status, status_code, response, created_at, finished_at)
+select 'shop-1', 'stale-' || g, 'orders.create', repeat('a', 64), 'done', 201,
+       '{}', now() - interval '2 days', now() - interval '2 days'
+  from generate_series(1, 6) g;
+update pg_class set reltuples = 1, relpages = 1
+ where oid = 'idempotency_keys'::regclass;
+select is(idempotency_cleanup(86400, 2), 2,
+    'a batch stays a batch whatever the planner''s statistics say');
+rollback to savepoint stale;
 
 create temporary table claim as select * from lease_recover_claim(300, 30, 10000);
 select results_eq($$select client_id, idem_key, lease_id, operation,
