@@ -258,11 +258,11 @@ create or replace function lease_recover_claim(p_after_seconds int,
 returns table (client_id text, idem_key text, lease_id bigint,
     operation text, request jsonb)
 language sql as $$
-	update idempotency_keys k
-	   set lease_id = k.lease_id + 1,
-	       locked_until = now() + make_interval(secs => p_lease_seconds),
-	       call_deadline = now() + make_interval(secs => p_call_ms / 1000.0)
-	  from (select c.client_id, c.idem_key
+	-- Chosen once (see idempotency_cleanup()): as a subquery of the
+	-- update it could run again for every row and claim several keys,
+	-- of which the job would call the provider for the first only.
+	with a as materialized (
+		select c.client_id, c.idem_key
 		  from idempotency_keys c
 		 where c.locked_until < now()
 		   and coalesce(c.recover_at, c.locked_until +
@@ -273,7 +273,12 @@ language sql as $$
 		 order by coalesce(c.recover_at, c.locked_until +
 			   make_interval(secs => p_after_seconds))
 		 limit 1
-		   for update skip locked) a
+		   for update skip locked)
+	update idempotency_keys k
+	   set lease_id = k.lease_id + 1,
+	       locked_until = now() + make_interval(secs => p_lease_seconds),
+	       call_deadline = now() + make_interval(secs => p_call_ms / 1000.0)
+	  from a
 	 where k.client_id = a.client_id and k.idem_key = a.idem_key
 	returning k.client_id, k.idem_key, k.lease_id, k.operation, k.request;
 $$;

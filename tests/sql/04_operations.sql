@@ -2,7 +2,7 @@
 -- lease operations (lease_recover_claim, lease_recover_release) with its
 -- backoff.
 begin;
-select plan(26);
+select plan(28);
 
 insert into idempotency_keys (client_id, idem_key, operation, fingerprint,
     status, status_code, response, created_at, finished_at)
@@ -66,6 +66,22 @@ select is((select count(*)::int from lease_recover_claim(300, 30, 10000)), 0,
     'neither a lease that ended recently nor a demo payment is claimed');
 select is((select count(*)::int from lease_recover_claim(5, 30, 10000)), 1,
     'with a shorter wait the recent one is');
+
+-- With statistics that say the table holds one row, the claim ran again
+-- for every row and claimed every due key in one call.
+savepoint stale;
+insert into idempotency_keys (client_id, idem_key, operation, fingerprint,
+    status, lease_id, locked_until, request)
+select 'shop-1', 'due-' || g, 'payments.create', repeat('a', 64), 'in_progress',
+       1, now() - interval '1 hour' + g * interval '1 second', '{}'
+  from generate_series(1, 4) g;
+update pg_class set reltuples = 1, relpages = 1
+ where oid = 'idempotency_keys'::regclass;
+select is((select count(*)::int from lease_recover_claim(300, 30, 10000)), 1,
+    'a claim takes one key whatever the planner''s statistics say');
+select is((select count(*)::int from idempotency_keys where idem_key like 'due-%'
+    and lease_id > 1), 1, 'and leases no other');
+rollback to savepoint stale;
 
 -- The job's attempts that end without an outcome back it off the payment:
 -- the base (30 s), doubled each time, at most the cap (100 s).
