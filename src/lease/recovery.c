@@ -103,11 +103,12 @@ recovery_take(struct job *job)
 	kore_buf_append(&r->request, db_call_field(&job->db, "request"),
 	    db_call_field_length(&job->db, "request"));
 	r->active = 1;
-	job_db_reset(job);
 
+	/* Before the reset: name points into the row. */
 	kore_log(LOG_NOTICE, "recovery: taking over abandoned %s %s:%s with "
 	    "lease %s", name, r->attempt.client_id, r->attempt.key,
 	    r->attempt.lease_id);
+	job_db_reset(job);
 
 	return (JOB_NEXT);
 }
