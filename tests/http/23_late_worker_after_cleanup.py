@@ -56,6 +56,10 @@ t.ok(getattr(answer, "status", None) == 410 and
      "the late worker answers 410 idempotency-key-expired, not a success", answer)
 t.ok("Do not retry with this key" in problem.get("detail", ""),
      "and tells the client not to retry with the key", problem)
+page = request(late_api.port, "GET", "/" + problem.get("type", "http://x/none").split("/", 3)[3])
+t.ok(page.status == 200 and page.headers["content-type"].startswith("text/html") and
+     b"no longer kept" in page.body, "its type URL serves the idempotency-key-expired page",
+     page)
 t.eq(int(sql_value(f"select count(*) from payments where idem_key = {quote(key)}")), 0,
      "its late result wrote no payment")
 t.eq(late_api.workers(), workers, "no worker died: the worker pids are unchanged")
