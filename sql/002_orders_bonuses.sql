@@ -29,7 +29,23 @@ create table if not exists bonus_accounts (
 );
 
 comment on table bonus_accounts is
-    'Bonus balance of a client''s customer; never negative.';
+    'Bonus balance of a client''s customer; never negative, never past '
+    '2^53-1.';
+
+-- Every number the API returns stays exact in any JSON parser (a double
+-- holds integers up to 2^53-1): bonus_post() refuses an accrual past it,
+-- and the constraint is the backstop. Added apart, so that a database made
+-- before it gets it too; NOT VALID, so that one holding a balance the old
+-- code let past the limit still migrates (new rows are checked; the
+-- operator fixes the old ones, then VALIDATE CONSTRAINT).
+do $$
+begin
+	alter table bonus_accounts add constraint bonus_accounts_balance_max
+	    check (balance <= 9007199254740991) not valid;
+exception when duplicate_object then
+	null;
+end;
+$$;
 
 create table if not exists bonus_ledger (
 	entry_id	bigint generated always as identity primary key,
@@ -45,8 +61,20 @@ create table if not exists bonus_ledger (
 comment on table bonus_ledger is
     'Every change of a bonus balance: accruals from orders, redemptions.';
 
+do $$
+begin
+	alter table bonus_ledger add constraint bonus_ledger_points_max
+	    check (points between -9007199254740991 and 9007199254740991)
+	    not valid;
+exception when duplicate_object then
+	null;
+end;
+$$;
+
 -- Adds points to a balance and writes the ledger row, or returns no row
--- when a redemption would take the balance below zero.
+-- when a redemption would take the balance below zero or an accrual past
+-- 2^53-1 (the sign of p_points tells which). The limit is checked on the
+-- row the upsert locked, so concurrent accruals cannot pass it together.
 create or replace function bonus_post(p_client text, p_customer text,
     p_points bigint, p_reason text, p_order bigint, p_key text)
 returns table (entry_id bigint, balance bigint)
@@ -59,7 +87,11 @@ begin
 		values (p_client, p_customer, p_points)
 		on conflict (client_id, customer_id) do update
 		   set balance = a.balance + excluded.balance, updated_at = now()
+		 where a.balance <= 9007199254740991 - excluded.balance
 		returning a.balance into v_balance;
+		if not found then
+			return;
+		end if;
 	else
 		update bonus_accounts a
 		   set balance = a.balance + p_points, updated_at = now()
@@ -81,19 +113,47 @@ $$;
 
 comment on function bonus_post(text, text, bigint, text, bigint, text) is
     'Moves a bonus balance by p_points with its ledger row; no row back when '
-    'the balance would go below zero.';
+    'the balance would go below zero or past 2^53-1.';
+
+-- The saved 422 of an accrual that would take a balance past 2^53-1, for
+-- POST /v1/bonuses and POST /v1/orders alike.
+create or replace function bonus_limit_problem(p_client text,
+    p_customer text, p_points bigint, p_problem_type text,
+    p_problem_title text)
+returns text
+language sql stable as $$
+	select format('{"type":%s,"title":%s,"status":422,"detail":%s,'
+	    '"balance":%s}', to_json(p_problem_type), to_json(p_problem_title),
+	    to_json(format('customer %s has %s points and cannot accrue %s '
+	    'more: a balance is at most 9007199254740991', p_customer,
+	    b.balance, p_points)), b.balance)
+	  from (select coalesce(max(a.balance), 0) as balance
+		  from bonus_accounts a
+		 where a.client_id = p_client and a.customer_id = p_customer) b;
+$$;
+
+comment on function bonus_limit_problem(text, text, bigint, text, text) is
+    'The balance-limit-exceeded problem (422) of an accrual refused because '
+    'the balance would pass 2^53-1, with the balance as it stands.';
 
 -- POST /v1/orders. The key row is inserted first: a concurrent duplicate
 -- waits on its unique index until this transaction ends, then replays
--- what it saved (or does the work itself if this one rolled back).
+-- what it saved (or does the work itself if this one rolled back). An
+-- accrual that would take the balance past 2^53-1 refuses the whole order:
+-- a saved 422 (p_limit_type, p_limit_title) and no order row.
+drop function if exists order_create(text, text, text, text, bigint, text,
+    text);
+
 create or replace function order_create(p_client text, p_key text,
     p_fingerprint text, p_customer text, p_amount bigint, p_currency text,
-    p_comment text)
+    p_comment text, p_limit_type text, p_limit_title text)
 returns table (outcome text, status_code int, response text)
 language plpgsql as $$
 declare
 	v_order		bigint;
+	v_entry		bigint;
 	v_points	bigint := p_amount / 100;
+	v_status	int := 201;
 	v_response	text;
 begin
 	-- A retry of a finished key: one index lookup.
@@ -122,30 +182,48 @@ begin
 	returning order_id into v_order;
 
 	if v_points > 0 then
-		perform bonus_post(p_client, p_customer, v_points,
-		    'order ' || v_order, v_order, p_key);
+		select b.entry_id into v_entry
+		  from bonus_post(p_client, p_customer, v_points,
+		    'order ' || v_order, v_order, p_key) b;
 	end if;
 
-	v_response := format('{"order_id":%s,"customer_id":%s,"amount":%s,'
-	    '"currency":%s,"bonus_points":%s}', v_order, to_json(p_customer),
-	    p_amount, to_json(p_currency), v_points);
+	if v_points > 0 and v_entry is null then
+		-- Refused after the insert that named the ledger's order; the
+		-- row was never visible to anyone else.
+		delete from orders where order_id = v_order;
+		v_status := 422;
+		v_response := bonus_limit_problem(p_client, p_customer, v_points,
+		    p_limit_type, p_limit_title);
+	else
+		v_response := format('{"order_id":%s,"customer_id":%s,'
+		    '"amount":%s,"currency":%s,"bonus_points":%s}', v_order,
+		    to_json(p_customer), p_amount, to_json(p_currency),
+		    v_points);
+	end if;
 
-	perform idempotency_finish(p_client, p_key, 201, v_response);
+	perform idempotency_finish(p_client, p_key, v_status, v_response);
 
-	return query select 'created'::text, 201, v_response;
+	return query select 'created'::text, v_status, v_response;
 end;
 $$;
 
-comment on function order_create(text, text, text, text, bigint, text, text) is
+comment on function order_create(text, text, text, text, bigint, text, text,
+    text, text) is
     'Creates an order and accrues floor(amount / 100) bonus points in the '
-    'transaction that takes the Idempotency-Key. Returns created, replayed '
-    'or mismatch with the status and body to answer.';
+    'transaction that takes the Idempotency-Key; an accrual past 2^53-1 is '
+    'a saved 422 and no order. Returns created, replayed or mismatch with '
+    'the status and body to answer.';
 
--- POST /v1/bonuses. An insufficient balance is the operation's outcome:
--- saved as a 422 problem and replayed, with no ledger row.
+-- POST /v1/bonuses. An insufficient balance, or an accrual past 2^53-1,
+-- is the operation's outcome: saved as a 422 problem and replayed, with
+-- no ledger row.
+drop function if exists bonus_apply(text, text, text, text, bigint, text,
+    text, text);
+
 create or replace function bonus_apply(p_client text, p_key text,
     p_fingerprint text, p_customer text, p_points bigint, p_reason text,
-    p_problem_type text, p_problem_title text)
+    p_problem_type text, p_problem_title text, p_limit_type text,
+    p_limit_title text)
 returns table (outcome text, status_code int, response text)
 language plpgsql as $$
 declare
@@ -177,7 +255,11 @@ begin
 	  from bonus_post(p_client, p_customer, p_points, p_reason, null,
 	    p_key) b;
 
-	if v_entry is null then
+	if v_entry is null and p_points > 0 then
+		v_status := 422;
+		v_response := bonus_limit_problem(p_client, p_customer, p_points,
+		    p_limit_type, p_limit_title);
+	elsif v_entry is null then
 		select coalesce(max(a.balance), 0) into v_balance
 		  from bonus_accounts a
 		 where a.client_id = p_client and a.customer_id = p_customer;
@@ -200,9 +282,10 @@ end;
 $$;
 
 comment on function bonus_apply(text, text, text, text, bigint, text, text,
-    text) is
+    text, text, text) is
     'Accrues or redeems bonus points in the transaction that takes the '
-    'Idempotency-Key; an insufficient balance is saved as a 422 problem.';
+    'Idempotency-Key; an insufficient balance (p_problem_*) or a balance '
+    'past 2^53-1 (p_limit_*) is saved as a 422 problem.';
 
 create or replace function order_json(o orders)
 returns text

@@ -6,6 +6,7 @@
 #include <sys/types.h>
 
 #include <limits.h>
+#include <stdio.h>
 #include <string.h>
 
 #include <kore/kore.h>
@@ -21,15 +22,21 @@
 /*
  * POST /dev/canonical-json: the canonical form of any JSON body, so that
  * tests can compare it with Python's json.dumps over generated documents.
+ * The header x-json-name-comparisons tells how much work the parser's
+ * duplicate check did.
  */
 int
 dev_canonical_json(struct http_request *req)
 {
 	struct json_value	*v;
 	struct kore_buf		out;
-	char			err[JSON_ERROR_LEN];
+	char			err[JSON_ERROR_LEN], n[32];
 
 	v = idem_parse_body(req, err, sizeof(err));
+
+	(void)snprintf(n, sizeof(n), "%llu",
+	    (unsigned long long)json_parse_comparisons());
+	http_response_header(req, "x-json-name-comparisons", n);
 
 	if (v == NULL) {
 		problem_respond(req, PROBLEM_INVALID_JSON, "%s", err);

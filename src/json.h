@@ -45,6 +45,7 @@ struct json_value	*json_parse(const u_int8_t *, size_t, char *, size_t);
 void			json_free(struct json_value *);
 struct json_value	*json_member(struct json_value *, const char *);
 int			json_int64(struct json_value *, int64_t *);
+u_int64_t		json_parse_comparisons(void);
 
 void	json_canonical(struct kore_buf *, struct json_value *);
 void	json_canonical_members(struct kore_buf *, struct json_value **,

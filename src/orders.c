@@ -16,7 +16,7 @@
 
 #define ORDER_CREATE_SQL						\
 	"SELECT outcome, status_code, response FROM "			\
-	"order_create($1, $2, $3, $4, $5::bigint, $6, $7)"
+	"order_create($1, $2, $3, $4, $5::bigint, $6, $7, $8, $9)"
 
 #define ORDER_LIST_SQL		"SELECT order_list($1, $2)"
 
@@ -88,7 +88,10 @@ static int
 order_create_execute(struct http_request *req)
 {
 	struct idem_request	*r = http_state_get(req);
-	const char		*params[7];
+	const char		*params[9];
+	char			limit_type[512];
+
+	problem_type_url(PROBLEM_BALANCE_LIMIT, limit_type, sizeof(limit_type));
 
 	params[0] = r->client_id;
 	params[1] = r->key;
@@ -97,8 +100,10 @@ order_create_execute(struct http_request *req)
 	params[4] = r->values[1];
 	params[5] = r->values[2];
 	params[6] = r->values[3];
+	params[7] = limit_type;
+	params[8] = problem_title(PROBLEM_BALANCE_LIMIT);
 
-	return (idem_execute(req, ORDER_CREATE_SQL, 7, params));
+	return (idem_execute(req, ORDER_CREATE_SQL, 9, params));
 }
 
 static int

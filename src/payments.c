@@ -147,8 +147,9 @@ payment_charge(struct http_request *req)
 
 	p->answer = provider_answer_classify(&p->call);
 	if (!provider_answer_saved(p->answer)) {
-		kore_log(LOG_NOTICE, "provider call for %s:%s not finished: %s",
-		    r->client_id, r->key, p->call.detail);
+		kore_log(LOG_NOTICE, "provider call for %s:%s not finished: "
+		    "%s (%s)", r->client_id, r->key, p->call.detail,
+		    p->answer->what);
 	}
 
 	req->fsm_state++;

@@ -57,6 +57,8 @@ static const struct problem_type	problems[PROBLEM_MAX] = {
 	    "The payment provider refused the payment" },
 	[PROBLEM_KEY_EXPIRED] = { 410, "idempotency-key-expired",
 	    "The outcome of this Idempotency-Key is no longer kept" },
+	[PROBLEM_BALANCE_LIMIT] = { 422, "balance-limit-exceeded",
+	    "Bonus balance would pass 2^53-1" },
 };
 
 const char *

@@ -28,7 +28,8 @@
 #define PROBLEM_INTERNAL		16
 #define PROBLEM_PAYMENT_REJECTED	17
 #define PROBLEM_KEY_EXPIRED		18
-#define PROBLEM_MAX			19
+#define PROBLEM_BALANCE_LIMIT		19
+#define PROBLEM_MAX			20
 
 #define PROBLEM_CONTENT_TYPE	"application/problem+json"
 #define JSON_CONTENT_TYPE	"application/json"

@@ -16,20 +16,41 @@
 #define RESPONSE_MAX		65536
 #define CHARGES_PATH		"/v1/charges"
 
+/*
+ * A socket libcurl asked us to watch; Kore's epoll loop hands it back to
+ * socket_ready() as the event's data.
+ *
+ * Kore reads a whole batch of events from epoll before it runs the first
+ * handler, and libcurl may close any of its sockets from inside
+ * curl_multi_socket_action(): handling one socket also runs the timeouts
+ * of every other transfer, and a transfer that timed out closes its
+ * connection. An event of that socket can still be waiting further down
+ * the same batch. So CURL_POLL_REMOVE never frees a watch: it takes the
+ * socket out of epoll, marks the watch dead and puts it on the graveyard;
+ * a dead watch ignores the event still in the batch, and a zero-delay timer
+ * frees the graveyard. Kore runs timers only after the whole batch has
+ * been handled, and no later batch can name a socket that left epoll.
+ */
 struct socket_watch {
-	struct kore_event	evt;
-	curl_socket_t		fd;
+	struct kore_event		evt;
+	curl_socket_t			fd;
+	int				dead;
+	TAILQ_ENTRY(socket_watch)	list;
 };
 
 static int	watch_socket(CURL *, curl_socket_t, int, void *, void *);
 static int	schedule_timeout(CURLM *, long, void *);
 static void	socket_ready(void *, int);
 static void	timeout_fired(void *, u_int64_t);
+static void	graveyard_free(void *, u_int64_t);
 static void	collect_finished(void);
 static size_t	response_append(char *, size_t, size_t, void *);
 
 static CURLM			*multi = NULL;
 static struct kore_timer	*timer = NULL;
+static struct kore_timer	*reaper = NULL;
+static TAILQ_HEAD(, socket_watch)	graveyard =
+				    TAILQ_HEAD_INITIALIZER(graveyard);
 static char			charges_url[512];
 
 void
@@ -69,6 +90,13 @@ provider_client_unload(void)
 		curl_multi_cleanup(multi);
 		multi = NULL;
 	}
+
+	/* Kore reloads from its loop, after the event batch: free them now. */
+	if (reaper != NULL) {
+		kore_timer_remove(reaper);
+		reaper = NULL;
+	}
+	graveyard_free(NULL, 0);
 }
 
 /*
@@ -138,7 +166,12 @@ watch_socket(CURL *easy, curl_socket_t fd, int what, void *udata,
 		if (w != NULL) {
 			kore_platform_disable_read(fd);
 			curl_multi_assign(multi, fd, NULL);
-			kore_free(w);
+			w->dead = 1;
+			TAILQ_INSERT_TAIL(&graveyard, w, list);
+			if (reaper == NULL) {
+				reaper = kore_timer_add(graveyard_free, 0,
+				    NULL, KORE_TIMER_ONESHOT);
+			}
 		}
 		return (0);
 	}
@@ -184,6 +217,10 @@ socket_ready(void *arg, int error)
 	struct socket_watch	*w = arg;
 	int			flags, running;
 
+	/* Its socket was closed earlier in this batch (see socket_watch). */
+	if (w->dead)
+		return;
+
 	flags = 0;
 	if (w->evt.flags & KORE_EVENT_READ)
 		flags |= CURL_CSELECT_IN;
@@ -192,7 +229,7 @@ socket_ready(void *arg, int error)
 	if (error)
 		flags |= CURL_CSELECT_ERR;
 
-	/* The watch may be freed inside curl_multi_socket_action(). */
+	/* curl_multi_socket_action() may close this very socket. */
 	w->evt.flags = 0;
 	curl_multi_socket_action(multi, w->fd, flags, &running);
 
@@ -209,6 +246,24 @@ timeout_fired(void *arg, u_int64_t now)
 	curl_multi_socket_action(multi, CURL_SOCKET_TIMEOUT, 0, &running);
 
 	collect_finished();
+}
+
+/*
+ * Frees the watches of closed sockets, once the event batch that may have
+ * named them is over.
+ */
+static void
+graveyard_free(void *arg, u_int64_t now)
+{
+	struct socket_watch	*w;
+
+	/* Kore frees a one-shot timer after this callback. */
+	reaper = NULL;
+
+	while ((w = TAILQ_FIRST(&graveyard)) != NULL) {
+		TAILQ_REMOVE(&graveyard, w, list);
+		kore_free(w);
+	}
 }
 
 static void

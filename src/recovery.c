@@ -49,6 +49,7 @@ static int	recovery_take(struct job *);
 static int	recovery_charge(struct job *);
 static int	recovery_settle(struct job *);
 static int	recovery_finish(struct job *);
+static void	recovery_end(struct job *);
 
 static const struct job_step	recovery_steps[] = {
 	{ "claim an abandoned payment", recovery_claim },
@@ -62,6 +63,7 @@ struct job	recovery_job = {
 	.name = "recovery",
 	.steps = recovery_steps,
 	.nsteps = sizeof(recovery_steps) / sizeof(recovery_steps[0]),
+	.end = recovery_end,
 };
 
 static struct recovery	current;
@@ -213,4 +215,17 @@ recovery_finish(struct job *job)
 
 	/* The next abandoned payment, if any. */
 	return (JOB_AGAIN);
+}
+
+/*
+ * A round that stopped on a database error, or for a reload, leaves its
+ * provider call behind: freed here, before the module's statics can go.
+ */
+static void
+recovery_end(struct job *job)
+{
+	if (current.calling) {
+		provider_call_cleanup(&current.call);
+		current.calling = 0;
+	}
 }

@@ -71,9 +71,13 @@ try:
     wait_until(lambda: len(answers) >= outage_started + 50, "requests during the outage")
 
     cluster("start")
-    wait_until(lambda: request(api.port, "GET", "/healthz").status == 200,
-               "the API to find the database again", timeout=30)
-    t.ok(True, "GET /healthz: 200 again, by itself")
+    try:
+        wait_until(lambda: request(api.port, "GET", "/healthz").status == 200,
+                   "the API to find the database again", timeout=30)
+    except TimeoutError:
+        pass
+    back = request(api.port, "GET", "/healthz")
+    t.eq(back.status, 200, "GET /healthz: 200 again, by itself")
     wait_until(lambda: sum(1 for a in answers[outage_started:] if a[1] == 201) >= 20,
                "orders to succeed again")
 finally:

@@ -4,7 +4,8 @@ begin;
 select plan(31);
 
 create temporary table r1 as select * from order_create('shop-1', 'o-1',
-    repeat('a', 64), 'c-1', 150000, 'RUB', 'first');
+    repeat('a', 64), 'c-1', 150000, 'RUB', 'first',
+    'http://x/problems/balance-limit-exceeded', 'Limit');
 
 select is((select outcome from r1), 'created', 'a new key creates');
 select is((select status_code from r1), 201, 'with status 201');
@@ -25,7 +26,8 @@ select is((select response from idempotency_keys where idem_key = 'o-1'),
     (select response from r1), 'the saved response is the one returned');
 
 select results_eq($$select outcome, status_code, response from order_create('shop-1',
-    'o-1', repeat('a', 64), 'c-1', 150000, 'RUB', 'first')$$,
+    'o-1', repeat('a', 64), 'c-1', 150000, 'RUB', 'first',
+    'http://x/problems/balance-limit-exceeded', 'Limit')$$,
     $$select 'replayed'::text, 201, response from r1$$,
     'the same key and fingerprint replays the saved response');
 select is((select count(*)::int from orders where idem_key = 'o-1'), 1,
@@ -34,22 +36,24 @@ select is((select balance from bonus_accounts where client_id = 'shop-1'
     and customer_id = 'c-1'), 1500::bigint, 'nor points');
 
 select is((select outcome from order_create('shop-1', 'o-1', repeat('b', 64), 'c-1',
-    150001, 'RUB', 'first')), 'mismatch', 'another fingerprint is a mismatch');
+    150001, 'RUB', 'first',
+    'http://x/problems/balance-limit-exceeded', 'Limit')), 'mismatch', 'another fingerprint is a mismatch');
 select is((select count(*)::int from orders where idem_key = 'o-1'), 1,
     'the mismatch wrote nothing');
 select is((select outcome from order_create('shop-2', 'o-1', repeat('a', 64), 'c-1',
-    150000, 'RUB', 'first')), 'created', 'the same key of another client creates');
+    150000, 'RUB', 'first',
+    'http://x/problems/balance-limit-exceeded', 'Limit')), 'created', 'the same key of another client creates');
 select is((select balance from bonus_accounts where client_id = 'shop-2'
     and customer_id = 'c-1'), 1500::bigint, 'in that client''s own ledger');
 
 select is((select outcome from order_create('shop-1', 'o-small', repeat('a', 64),
-    'c-1', 99, 'RUB', null)), 'created', 'an order of 99 minor units');
+    'c-1', 99, 'RUB', null, 'http://x/problems/balance-limit-exceeded', 'Limit')), 'created', 'an order of 99 minor units');
 select is((select count(*)::int from bonus_ledger where idem_key = 'o-small'), 0,
     'accrues nothing and writes no ledger row');
 
 create temporary table b1 as select * from bonus_apply('shop-1', 'b-1',
     repeat('c', 64), 'c-1', -500, 'redeem', 'http://x/problems/insufficient-balance',
-    'Insufficient bonus balance');
+    'Insufficient bonus balance', 'http://x/problems/balance-limit-exceeded', 'Limit');
 select is((select status_code from b1), 201, 'a redemption within the balance');
 select is((select response::jsonb - 'entry_id' from b1),
     '{"customer_id":"c-1","points":-500,"balance":1000}'::jsonb,
@@ -57,7 +61,7 @@ select is((select response::jsonb - 'entry_id' from b1),
 
 create temporary table b2 as select * from bonus_apply('shop-1', 'b-2',
     repeat('d', 64), 'c-1', -5000, 'redeem', 'http://x/problems/insufficient-balance',
-    'Insufficient bonus balance');
+    'Insufficient bonus balance', 'http://x/problems/balance-limit-exceeded', 'Limit');
 select is((select outcome from b2), 'created', 'an insufficient balance is an outcome');
 select is((select status_code from b2), 422, 'saved as 422');
 select is((select response::jsonb from b2),
@@ -69,14 +73,15 @@ select is((select count(*)::int from bonus_ledger where idem_key = 'b-2'), 0,
 select is((select balance from bonus_accounts where client_id = 'shop-1'
     and customer_id = 'c-1'), 1000::bigint, 'and the balance unchanged');
 select results_eq($$select outcome, status_code, response from bonus_apply('shop-1',
-    'b-2', repeat('d', 64), 'c-1', -5000, 'redeem', 'http://x/other', 'Other')$$,
+    'b-2', repeat('d', 64), 'c-1', -5000, 'redeem', 'http://x/other', 'Other',
+    'http://x/problems/balance-limit-exceeded', 'Limit')$$,
     $$select 'replayed'::text, 422, response from b2$$,
     'the saved 422 is replayed byte for byte');
 select is((select count(*)::int from bonus_post('shop-1', 'nobody', -1, 'x', null, 'k')),
     0, 'redeeming from an unknown customer posts nothing');
 
 select is((select outcome from bonus_apply('shop-1', 'o-1', repeat('a', 64), 'c-1',
-    10, 'gift', 'http://x', 'x')), 'mismatch',
+    10, 'gift', 'http://x', 'x', 'http://x/problems/balance-limit-exceeded', 'Limit')), 'mismatch',
     'a key used for an order is a mismatch for a bonus, even with its fingerprint');
 
 select is(order_list('shop-1', 'c-1')::jsonb -> 'orders' -> 0 ->> 'comment', 'first',
