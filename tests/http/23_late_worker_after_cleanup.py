@@ -22,8 +22,13 @@ t = Tap()
 provider = Provider(IDEM_PROVIDER_LATENCY_MS=200).start()
 declining = StubProvider(default=(402, {"Content-Type": "application/json"},
                                   {"detail": "declined by the second provider"}))
+# The late worker's completion waits on the lock for as long as the scene
+# takes (its lease, the take-over, the cleanup): far past the default bound
+# of IDEM_DB_TIMEOUT_MS on a loaded machine, which would answer it a 503
+# before the key is gone.
 env = {"IDEM_LEASE_SECONDS": 3, "IDEM_PROVIDER_TIMEOUT_MS": 2000,
-       "IDEM_RETENTION_SECONDS": 1, "IDEM_CLEANUP_INTERVAL_SECONDS": 1}
+       "IDEM_RETENTION_SECONDS": 1, "IDEM_CLEANUP_INTERVAL_SECONDS": 1,
+       "IDEM_DB_TIMEOUT_MS": 120000}
 late_api = Api(name="api-late", IDEM_PROVIDER_URL=provider.url, **env).start()
 taker_api = Api(name="api-taker", IDEM_PROVIDER_URL=declining.url, **env).start()
 workers = late_api.workers()
