@@ -187,10 +187,19 @@ db_call_step(struct db_call *c, const char *query, int nparams,
 					c->error = DB_ERROR_UNCONFIRMED;
 					return (call_fail(c));
 				}
+				/*
+				 * The connection went back to the pool with no
+				 * answer to the call: what happened to it is not
+				 * known, so it is worth a retry, not a 500.
+				 */
 				if (c->result == NULL) {
-					kore_log(LOG_ERR, "%s: no result row",
-					    __func__);
-					c->error = DB_ERROR_QUERY;
+					kore_log(LOG_ERR, "%s: the call ended "
+					    "without an answer (%s)", __func__,
+					    c->sql.error != NULL ? c->sql.error :
+					    "no error");
+					metrics_db_error();
+					call_disarm(c);
+					c->error = DB_ERROR_UNAVAILABLE;
 					c->phase = DB_PHASE_FAILED;
 					return (DB_CALL_FAILED);
 				}
