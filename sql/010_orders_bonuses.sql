@@ -36,11 +36,13 @@ comment on table bonus_accounts is
 -- Every number the API returns stays exact in any JSON parser (a double
 -- holds integers up to 2^53-1): bonus_post() refuses an accrual past it,
 -- and the constraint is the backstop. Added apart, so that a database made
--- before it gets it too.
+-- before it gets it too; NOT VALID, so that one holding a balance the old
+-- code let past the limit still migrates (new rows are checked; the
+-- operator fixes the old ones, then VALIDATE CONSTRAINT).
 do $$
 begin
 	alter table bonus_accounts add constraint bonus_accounts_balance_max
-	    check (balance <= 9007199254740991);
+	    check (balance <= 9007199254740991) not valid;
 exception when duplicate_object then
 	null;
 end;
@@ -63,7 +65,8 @@ comment on table bonus_ledger is
 do $$
 begin
 	alter table bonus_ledger add constraint bonus_ledger_points_max
-	    check (points between -9007199254740991 and 9007199254740991);
+	    check (points between -9007199254740991 and 9007199254740991)
+	    not valid;
 exception when duplicate_object then
 	null;
 end;

@@ -34,8 +34,8 @@
 /* How much later than the server's own timeout the client gives up. */
 #define DB_GRACE_MS		500
 
-/* /healthz answers within a second, whatever the pool is doing. */
-#define DB_HEALTH_TIMEOUT_MS	1000
+/* /healthz answers within a second (with the grace), whatever the pool does. */
+#define DB_HEALTH_TIMEOUT_MS	(1000 - DB_GRACE_MS)
 
 static int	call_fail(struct db_call *);
 static int	call_has(struct db_call *, int);
@@ -47,6 +47,7 @@ static void	call_disarm(struct db_call *);
 static void	call_deadline(void *, u_int64_t);
 static void	call_abort(struct db_call *);
 static void	call_notice(void *, const PGresult *);
+static void	call_notices_restore(struct db_call *);
 static int	call_classify(const char *);
 static char	*session_dsn(const char *);
 static void	dsn_append(struct kore_buf *, const char *, const char *);
@@ -187,16 +188,35 @@ db_call_step(struct db_call *c, const char *query, int nparams,
 					c->error = DB_ERROR_UNCONFIRMED;
 					return (call_fail(c));
 				}
+				/*
+				 * The connection went back to the pool with no
+				 * answer to the call: what happened to it is not
+				 * known, so it is worth a retry, not a 500.
+				 */
 				if (c->result == NULL) {
-					kore_log(LOG_ERR, "%s: no result row",
-					    __func__);
-					c->error = DB_ERROR_QUERY;
+					kore_log(LOG_ERR, "%s: the call ended "
+					    "without an answer (%s)", __func__,
+					    c->sql.error != NULL ? c->sql.error :
+					    "no error");
+					metrics_db_error();
+					call_disarm(c);
+					c->error = DB_ERROR_UNAVAILABLE;
 					c->phase = DB_PHASE_FAILED;
 					return (DB_CALL_FAILED);
 				}
 				call_disarm(c);
 				c->phase = DB_PHASE_DONE;
 				return (DB_CALL_DONE);
+			case KORE_PGSQL_STATE_DONE:
+				/*
+				 * The statement's messages are all in: the
+				 * connection goes back to the pool with
+				 * libpq's own notice receiver, never with
+				 * one into this call (or this module image).
+				 */
+				call_notices_restore(c);
+				kore_pgsql_continue(&c->sql);
+				break;
 			default:
 				kore_pgsql_continue(&c->sql);
 				break;
@@ -337,10 +357,7 @@ call_fail(struct db_call *c)
 static void
 call_release(struct db_call *c)
 {
-	if (c->sql.conn != NULL && c->notices != NULL) {
-		(void)PQsetNoticeReceiver(c->sql.conn->db, c->notices, NULL);
-		c->notices = NULL;
-	}
+	call_notices_restore(c);
 
 	if (c->sql.conn != NULL && PQsocket(c->sql.conn->db) < 0)
 		c->sql.flags &= ~KORE_PGSQL_SCHEDULED;
@@ -428,6 +445,19 @@ call_deadline(void *arg, u_int64_t now)
 
 	/* Kore frees a one-shot timer after this callback. */
 	c->timer = NULL;
+
+#if !defined(KORE_NO_HTTP)
+	/*
+	 * Queued for a connection, and already woken by Kore's pgsql layer,
+	 * which wakes one waiter per connection that comes free: this request
+	 * takes that connection. Giving up now would leave it unused while
+	 * the rest of the queue sleeps on.
+	 */
+	if (c->phase == DB_PHASE_SETUP && c->sql.req != NULL &&
+	    !(c->sql.req->flags & HTTP_REQUEST_SLEEPING))
+		return;
+#endif
+
 	c->timed_out = 1;
 
 #if !defined(KORE_NO_HTTP)
@@ -588,4 +618,12 @@ dsn_append(struct kore_buf *buf, const char *keyword, const char *value)
 
 	if (keyword != NULL)
 		kore_buf_append(buf, "' ", 2);
+}
+
+static void
+call_notices_restore(struct db_call *c)
+{
+	if (c->sql.conn != NULL && c->notices != NULL)
+		(void)PQsetNoticeReceiver(c->sql.conn->db, c->notices, NULL);
+	c->notices = NULL;
 }

@@ -18,6 +18,7 @@
 
 static void	jobs_tick(void *, u_int64_t);
 static void	job_run(struct job *, u_int64_t);
+static void	job_end(struct job *, u_int64_t);
 
 static struct job		*jobs[] = { &cleanup_job, &recovery_job };
 static struct kore_timer	*timer = NULL;
@@ -115,16 +116,39 @@ job_run(struct job *job, u_int64_t now)
 		case JOB_AGAIN:
 			job_db_reset(job);
 			job->step = 0;
+			/*
+			 * A round holds the worker's reload: with one
+			 * pending, it ends between two items, and the next
+			 * round (of the new code) goes on at once.
+			 */
+			if (reload_pending()) {
+				job_end(job, now);
+				return;
+			}
 			break;
 		case JOB_DONE:
 			job_db_reset(job);
-			job->running = 0;
-			job->next_run = now + job->interval_ms;
-			reload_release();
+			job_end(job, now + job->interval_ms);
 			return;
 		default:
 			fatal("%s: step %s returned %d", job->name,
 			    job->steps[job->step].name, r);
 		}
 	}
+}
+
+/*
+ * The end of a round: what the job keeps between its steps is freed (the
+ * module's statics, which a reload drops), and the worker is released.
+ */
+static void
+job_end(struct job *job, u_int64_t next)
+{
+	job->running = 0;
+	job->next_run = next;
+
+	if (job->end != NULL)
+		job->end(job);
+
+	reload_release();
 }

@@ -28,6 +28,7 @@ struct job {
 	const struct job_step	*steps;
 	size_t			nsteps;
 	u_int64_t		interval_ms;
+	void			(*end)(struct job *);
 
 	size_t			step;
 	int			running;

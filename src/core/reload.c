@@ -11,7 +11,9 @@
  * calls it "forced no reloaded"), admits no new work (the handlers defer
  * new requests, which wait in Kore without any state of ours), and once
  * the last piece of work is released it sends itself SIGHUP, so that
- * Kore reloads it from its own loop, with nothing left to lose.
+ * Kore reloads it from its own loop, with nothing left to lose. Meanwhile
+ * it gives up Kore's accept lock, so that new connections go to the other
+ * workers instead of waiting here.
  *
  * The parent holds no work: its statics are refilled by the workers it
  * forks later (settings from the environment, the metrics mapping from a
@@ -27,6 +29,7 @@
 
 static u_int32_t	held = 0;
 static int		pending = 0;
+static u_int32_t	max_connections = 0;
 
 void
 reload_hold(void)
@@ -64,12 +67,24 @@ reload_release(void)
 int
 reload_unload(void)
 {
-	if (held == 0)
+	if (held == 0) {
+		if (pending)
+			worker_max_connections = max_connections;
 		return (KORE_RESULT_OK);
+	}
 
 	if (!pending) {
 		kore_log(LOG_NOTICE, "reload waits for %u requests or jobs "
 		    "in flight", held);
+
+		/*
+		 * A worker "full" of connections releases Kore's accept lock
+		 * and does not take it again: the other workers accept the
+		 * new connections while this one drains. Restored before
+		 * the reload (the setting lives in Kore, not in the module).
+		 */
+		max_connections = worker_max_connections;
+		worker_max_connections = 0;
 	}
 	pending = 1;
 

@@ -141,8 +141,9 @@ lease_attempt_call(struct lease_attempt *a, const char *request,
 	a->answer = provider_answer_classify(&a->pcall, a->call->id,
 	    a->call->noun);
 	if (!provider_answer_saved(a->answer)) {
-		kore_log(LOG_NOTICE, "provider call for %s:%s not finished: %s",
-		    a->client_id, a->key, a->pcall.detail);
+		kore_log(LOG_NOTICE, "provider call for %s:%s not finished: "
+		    "%s (%s)", a->client_id, a->key, a->pcall.detail,
+		    a->answer->what);
 	}
 
 	return (1);

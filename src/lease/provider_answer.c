@@ -215,8 +215,7 @@ describe(const struct provider_answer *answer, struct provider_call *call,
 		    call->status, id);
 	} else {
 		(void)snprintf(call->detail, sizeof(call->detail),
-		    "the provider answered %ld (%s)", call->status,
-		    answer->what);
+		    "the provider answered %ld", call->status);
 	}
 }
 

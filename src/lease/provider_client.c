@@ -37,6 +37,8 @@ struct socket_watch {
 	TAILQ_ENTRY(socket_watch)	list;
 };
 
+TAILQ_HEAD(watch_list, socket_watch);
+
 static int	watch_socket(CURL *, curl_socket_t, int, void *, void *);
 static int	schedule_timeout(CURLM *, long, void *);
 static void	socket_ready(void *, int);
@@ -48,8 +50,7 @@ static size_t	response_append(char *, size_t, size_t, void *);
 static CURLM			*multi = NULL;
 static struct kore_timer	*timer = NULL;
 static struct kore_timer	*reaper = NULL;
-static TAILQ_HEAD(, socket_watch)	graveyard =
-				    TAILQ_HEAD_INITIALIZER(graveyard);
+static struct watch_list	graveyard = TAILQ_HEAD_INITIALIZER(graveyard);
 
 void
 provider_client_init(void)

@@ -39,6 +39,7 @@ static int	recovery_call(struct job *);
 static int	recovery_settle(struct job *);
 static int	recovery_finish(struct job *);
 static void	recovery_reset(void);
+static void	recovery_end(struct job *);
 
 static const struct job_step	recovery_steps[] = {
 	{ "claim an abandoned key", recovery_claim },
@@ -52,6 +53,7 @@ struct job	recovery_job = {
 	.name = "recovery",
 	.steps = recovery_steps,
 	.nsteps = sizeof(recovery_steps) / sizeof(recovery_steps[0]),
+	.end = recovery_end,
 };
 
 static struct recovery	current;
@@ -203,4 +205,15 @@ recovery_reset(void)
 	lease_attempt_cleanup(&r->attempt);
 	kore_buf_cleanup(&r->request);
 	r->active = 0;
+}
+
+/*
+ * A round that stopped on a database error, or between items for a
+ * reload, leaves its provider call behind: freed here, before the
+ * module's statics can go.
+ */
+static void
+recovery_end(struct job *job)
+{
+	recovery_reset();
 }

@@ -14,7 +14,7 @@ import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "lib"))
 from harness import (Api, Provider, StubProvider, Tap, key_row, new_key,  # noqa: E402
-                     provider_calls, quote, sql, sql_value, wait_until)
+                     provider_calls, quote, request, sql, sql_value, wait_until)
 
 t = Tap()
 
@@ -130,6 +130,10 @@ t.ok(rejected.status == 422 and problem_type(rejected) == "payment-rejected" and
      "recipient reject: 422 payment-rejected", rejected)
 t.ok("invalid recipient" in rejected.json()["detail"], "with the provider's reason",
      rejected.json())
+page = request(api.port, "GET", "/" + rejected.json()["type"].split("/", 3)[3])
+t.ok(page.status == 200 and page.headers["content-type"].startswith("text/html") and
+     b"The payment provider refused the payment" in page.body,
+     "its type URL serves the payment-rejected page", page)
 again = api.post("/v1/payments", payment("reject"), key=key)
 t.ok(again.status == 422 and again.replayed and again.body == rejected.body,
      "a retry gets it byte for byte, with Idempotent-Replayed: true", again)

@@ -22,8 +22,13 @@ t = Tap()
 provider = Provider(IDEM_PROVIDER_LATENCY_MS=200).start()
 declining = StubProvider(default=(402, {"Content-Type": "application/json"},
                                   {"detail": "declined by the second provider"}))
+# The late worker's completion waits on the lock for as long as the scene
+# takes (its lease, the take-over, the cleanup): far past the default bound
+# of IDEM_DB_TIMEOUT_MS on a loaded machine, which would answer it a 503
+# before the key is gone.
 env = {"IDEM_LEASE_SECONDS": 3, "IDEM_PROVIDER_TIMEOUT_MS": 2000,
-       "IDEM_RETENTION_SECONDS": 1, "IDEM_CLEANUP_INTERVAL_SECONDS": 1}
+       "IDEM_RETENTION_SECONDS": 1, "IDEM_CLEANUP_INTERVAL_SECONDS": 1,
+       "IDEM_DB_TIMEOUT_MS": 120000}
 late_api = Api(name="api-late", IDEM_PROVIDER_URL=provider.url, **env).start()
 taker_api = Api(name="api-taker", IDEM_PROVIDER_URL=declining.url, **env).start()
 workers = late_api.workers()
@@ -56,6 +61,10 @@ t.ok(getattr(answer, "status", None) == 410 and
      "the late worker answers 410 idempotency-key-expired, not a success", answer)
 t.ok("Do not retry with this key" in problem.get("detail", ""),
      "and tells the client not to retry with the key", problem)
+page = request(late_api.port, "GET", "/" + problem.get("type", "http://x/none").split("/", 3)[3])
+t.ok(page.status == 200 and page.headers["content-type"].startswith("text/html") and
+     b"no longer kept" in page.body, "its type URL serves the idempotency-key-expired page",
+     page)
 t.eq(int(sql_value(f"select count(*) from payments where idem_key = {quote(key)}")), 0,
      "its late result wrote no payment")
 t.eq(late_api.workers(), workers, "no worker died: the worker pids are unchanged")

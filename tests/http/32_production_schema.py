@@ -61,4 +61,26 @@ try:
 finally:
     psql(admin, f"drop database if exists {name}")
 
+# A database the old code let a balance past 2^53-1 into still migrates:
+# the limit's constraints check new rows (NOT VALID), not the old ones.
+psql(admin, f"create database {name}")
+try:
+    psql(url, "create table bonus_accounts (client_id text not null, customer_id text"
+              " not null, balance bigint not null default 0 check (balance >= 0),"
+              " updated_at timestamptz not null default now(),"
+              " primary key (client_id, customer_id));"
+              " insert into bonus_accounts values ('shop-1', 'c-over', 9007199254740999)")
+    upgraded = lib("migrate")
+    t.ok(upgraded.returncode == 0,
+         "a database holding a balance past 2^53-1 still migrates", upgraded.stderr)
+    t.eq(count("select 1 from bonus_accounts where balance = 9007199254740999"), 1,
+         "its old row is left for the operator to fix")
+    refused = subprocess.run(["psql", url, "-X", "-q", "-c", "insert into bonus_accounts"
+                              " values ('shop-1', 'c-new', 9007199254740992)"],
+                             capture_output=True, text=True)
+    t.ok(refused.returncode != 0 and "bonus_accounts_balance_max" in refused.stderr,
+         "and a new balance past the limit is refused", refused.stderr)
+finally:
+    psql(admin, f"drop database if exists {name}")
+
 t.done()

@@ -102,6 +102,15 @@ inflight = Background(api.post, "/v1/payments",
                       {"amount": 500, "currency": "RUB", "recipient": pay_rcpt}, key=pay_key)
 wait_until(lambda: charges_to(pay_rcpt) == 1, "the provider to start the charge")
 os.kill(api.proc.pid, signal.SIGHUP)
+# The worker holding the payment drains; the other reloads at once and
+# takes every new connection meanwhile (once the signal has reached them).
+time.sleep(0.3)
+waited = []
+for _ in range(6):
+    started = time.monotonic()
+    status = request(api.port, "GET", "/healthz", timeout=10).status
+    waited.append((status, round(time.monotonic() - started, 2)))
+waited_ok = all(s == 200 and w < 1.0 for s, w in waited)
 wait_until(lambda: reloads(api) >= 2, "both workers to reload", timeout=30)
 time.sleep(1)
 stop.set()
@@ -109,6 +118,8 @@ for th in threads:
     th.join(30)
 
 paid = inflight.wait(30)
+t.ok(waited_ok, "while one worker drained, new connections were served at once by the "
+     "other", waited)
 t.eq(paid.status, 201, "the payment in flight during the reload is created")
 t.eq(charges_to(pay_rcpt), 1, "with exactly one charge")
 t.eq(errors, [], "no request under load lost its connection")
@@ -181,6 +192,29 @@ t.ok(created_orders() >= after, "the counters survived the new worker")
 old = old_finished_key()
 wait_until(lambda: key_row(old) is None, "the jobs to run in the new worker 1", timeout=30)
 t.ok(key_row(old) is None, "the jobs run after the worker was replaced")
+
+# A recovery round over many abandoned payments ends between two of them
+# for a reload, rather than after all (each takes the provider 1.5 s).
+batch = [(abandoned_payment(r), r) for r in (new_key("acc") for _ in range(4))]
+keys_sql = ", ".join(quote(k) for k, _ in batch)
+
+
+def recovered_count():
+    return int(sql_value("select count(*) from idempotency_keys where status = 'done'"
+                         f" and idem_key in ({keys_sql})"))
+
+
+wait_until(lambda: int(sql_value("select count(*) from idempotency_keys where lease_id = 2"
+                                 f" and idem_key in ({keys_sql})")) >= 1,
+           "the recovery job to take the first over")
+n = reloads(api)
+os.kill(api.proc.pid, signal.SIGHUP)
+wait_until(lambda: reloads(api) >= n + 2, "both workers to reload", timeout=30)
+t.ok(recovered_count() <= 2,
+     "a reload waits for the payment the recovery job works on, not for all of them",
+     recovered_count())
+wait_until(lambda: recovered_count() == 4, "the new code to recover the rest", timeout=60)
+t.eq([charges_to(r) for _, r in batch], [1, 1, 1, 1], "each once at the provider")
 
 # The fake provider reloads too.
 os.kill(provider.proc.pid, signal.SIGHUP)
