@@ -42,6 +42,7 @@ static const char	*field_rules[] = {
 	[FIELD_CURRENCY] = "three upper-case ASCII letters",
 	[FIELD_ID] = "a string of 1 to 128 bytes without control characters",
 	[FIELD_TEXT] = "a string of at most 1024 bytes without NUL",
+	[FIELD_REF] = "an integer id from 1 to 9007199254740991",
 };
 
 struct idem_request *
@@ -542,6 +543,7 @@ field_check(const struct idem_field *f, struct json_value *v)
 
 	switch (f->kind) {
 	case FIELD_AMOUNT:
+	case FIELD_REF:
 		return (json_int64(v, &n) && n > 0 && n <= IDEM_AMOUNT_MAX);
 	case FIELD_POINTS:
 		return (json_int64(v, &n) && n != 0 &&
@@ -658,6 +660,33 @@ idem_path_arg(struct http_request *req, char *out, size_t len)
 		return (KORE_RESULT_ERROR);
 
 	return (idem_id_valid(out, n));
+}
+
+/*
+ * The last segment of the path as an integer id (a payment's): decimal
+ * digits without a sign or a leading zero, from 1 to 2^53-1, copied as
+ * they are.
+ */
+int
+idem_path_ref(struct http_request *req, char *out, size_t len)
+{
+	const char	*seg;
+	u_int64_t	n;
+	int		err;
+
+	if ((seg = strrchr(req->path, '/')) == NULL)
+		return (KORE_RESULT_ERROR);
+	seg++;
+
+	if (*seg < '1' || *seg > '9' || strlen(seg) > 16 ||
+	    strspn(seg, "0123456789") != strlen(seg))
+		return (KORE_RESULT_ERROR);
+
+	n = kore_strtonum64(seg, 0, &err);
+	if (err != KORE_RESULT_OK || n > (u_int64_t)IDEM_AMOUNT_MAX)
+		return (KORE_RESULT_ERROR);
+
+	return (kore_strlcpy(out, seg, len) < len);
 }
 
 /*

@@ -28,6 +28,7 @@
 #define FIELD_CURRENCY		3
 #define FIELD_ID		4
 #define FIELD_TEXT		5
+#define FIELD_REF		6
 
 struct idem_field {
 	const char	*name;
@@ -126,6 +127,7 @@ int	idem_read_run(struct http_request *);
 struct json_value	*idem_parse_body(struct http_request *, char *, size_t);
 int	idem_id_valid(const char *, size_t);
 int	idem_path_arg(struct http_request *, char *, size_t);
+int	idem_path_ref(struct http_request *, char *, size_t);
 int	idem_query_arg(struct http_request *, const char *, char *, size_t);
 void	idem_db_reset(struct idem_request *);
 void	idem_respond(struct http_request *, int, const void *, size_t, int);

@@ -59,6 +59,14 @@ static const struct problem_type	problems[PROBLEM_MAX] = {
 	    "The outcome of this Idempotency-Key is no longer kept" },
 	[PROBLEM_BALANCE_LIMIT] = { 422, "balance-limit-exceeded",
 	    "Bonus balance would pass 2^53-1" },
+	[PROBLEM_PAYMENT_NOT_FOUND] = { 404, "payment-not-found",
+	    "No such payment of this client" },
+	[PROBLEM_REFUND_EXCEEDS] = { 422, "refund-exceeds-payment",
+	    "The refund exceeds what is left of the payment" },
+	[PROBLEM_REFUND_IN_PROGRESS] = { 409, "refund-in-progress",
+	    "Other refunds of this payment are in progress" },
+	[PROBLEM_REFUND_REJECTED] = { 422, "refund-rejected",
+	    "The payment provider refused the refund" },
 };
 
 const char *

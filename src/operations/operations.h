@@ -16,6 +16,8 @@ extern const struct idem_operation	order_list_operation;
 extern const struct idem_operation	bonus_apply_operation;
 extern const struct idem_operation	bonus_balance_operation;
 extern const struct idem_operation	payment_create_operation;
+extern const struct idem_operation	payment_read_operation;
+extern const struct idem_operation	refund_create_operation;
 
 #if defined(DEV_ROUTES)
 extern const struct idem_operation	demo_naive_operation;

@@ -2,6 +2,8 @@
  * Payments (lease): POST /v1/payments charges through the provider's
  * POST /v1/charges with a key derived from the client's; a charge is
  * saved as a payment (sql/020_payments.sql, payment_settle).
+ * GET /v1/payments/{payment_id} reads one with its refunds
+ * (sql/030_refunds.sql, payment_read).
  */
 
 #include <sys/types.h>
@@ -33,4 +35,17 @@ const struct idem_operation	payment_create_operation = {
 	.nfields = PAYMENT_NFIELDS,
 	.strategy = lease_run,
 	.call = &charge_call,
+};
+
+static const struct idem_read	payment_read = {
+	.sql = "SELECT payment_read($1, $2::bigint)",
+	.arg = "payment_id",
+	.parse = idem_path_ref,
+	.rule = "an integer id from 1 to 9007199254740991 in the path",
+	.not_found = PROBLEM_PAYMENT_NOT_FOUND,
+};
+
+const struct idem_operation	payment_read_operation = {
+	.strategy = idem_read_run,
+	.read = &payment_read,
 };

@@ -33,6 +33,10 @@ const struct idem_route	idem_routes[] = {
 	    "GET /v1/bonuses/{customer_id}", &bonus_balance_operation },
 	{ HTTP_METHOD_POST, "/v1/payments", "POST /v1/payments",
 	    &payment_create_operation },
+	{ HTTP_METHOD_GET, "^/v1/payments/[^/]+$",
+	    "GET /v1/payments/{payment_id}", &payment_read_operation },
+	{ HTTP_METHOD_POST, "/v1/refunds", "POST /v1/refunds",
+	    &refund_create_operation },
 #if defined(DEV_ROUTES)
 	{ HTTP_METHOD_POST, "/demo/naive/payments",
 	    "POST /demo/naive/payments", &demo_naive_operation },
