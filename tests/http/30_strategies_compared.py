@@ -7,6 +7,7 @@ table is printed at the end (and copied into the README).
   lease               POST /v1/payments
   fresh provider key  POST /demo/fresh-provider-key/payments
   transactional       POST /v1/orders
+  refund (lease)      POST /v1/refunds, of a payment made for the purpose
 
 Processes are killed with SIGKILL by their own pids; the tests wait on
 conditions (the provider has recorded the charge, the lease has expired,
@@ -35,25 +36,45 @@ table = []
 
 PATHS = {"naive": "/demo/naive/payments", "lease": "/v1/payments",
          "fresh provider key": "/demo/fresh-provider-key/payments",
-         "transactional": "/v1/orders"}
+         "transactional": "/v1/orders", "refund (lease)": "/v1/refunds"}
+NOUNS = {"transactional": "order", "refund (lease)": "refund"}
+paid = {}
 
 
-def body(strategy, recipient, amount=10000):
+def body(strategy, recipient, amount=10000, client="shop-1"):
     if strategy == "transactional":
         return {"customer_id": recipient, "amount": amount, "currency": "RUB"}
+    if strategy == "refund (lease)":
+        return {"payment_id": payment_of(recipient, client), "amount": amount}
     return {"amount": amount, "currency": "RUB", "recipient": recipient}
 
 
+def payment_of(recipient, client):
+    """A payment of 100000 to the recipient, made once per client, that
+    the refund scenarios refund."""
+    if (client, recipient) not in paid:
+        r = api.post("/v1/payments", {"amount": 100000, "currency": "RUB",
+                                      "recipient": recipient}, key=new_key("pay"),
+                     client=client)
+        assert r.status == 201, r
+        paid[(client, recipient)] = r.json()["payment_id"]
+    return paid[(client, recipient)]
+
+
 def effects(strategy, recipient):
-    """Charges at the provider, or orders in the database."""
+    """Charges or refunds at the provider, or orders in the database."""
     if strategy == "transactional":
         return int(sql_value("select count(*) from orders where customer_id = "
                              f"{quote(recipient)}"))
+    if strategy == "refund (lease)":
+        return int(sql_value("select count(*) from provider.refunds r join"
+                             " provider.charges c using (charge_id) where"
+                             f" c.recipient = {quote(recipient)}"))
     return charges_to(recipient)
 
 
 def unit(strategy, count=2):
-    noun = "order" if strategy == "transactional" else "charge"
+    noun = NOUNS.get(strategy, "charge")
     return noun if count == 1 else noun + "s"
 
 
@@ -70,7 +91,8 @@ def record(scenario, strategy, responses, count, expect_count, expect_statuses, 
 
 
 def post(strategy, recipient, key, amount=10000, client="shop-1"):
-    return api.post(PATHS[strategy], body(strategy, recipient, amount), key=key, client=client)
+    return api.post(PATHS[strategy], body(strategy, recipient, amount, client), key=key,
+                    client=client)
 
 
 def restart_api():
@@ -82,8 +104,10 @@ def restart_api():
 scenario = "two concurrent requests, one key"
 for strategy, statuses, count in [("naive", [201, 500], 2), ("lease", [201, 409], 1),
                                   ("fresh provider key", [201, 409], 1),
-                                  ("transactional", [201, 201], 1)]:
+                                  ("transactional", [201, 201], 1),
+                                  ("refund (lease)", [201, 409], 1)]:
     rcpt, key = new_key("acc"), new_key()
+    body(strategy, rcpt)  # a refund's payment is made before the race
     answers = concurrently(2, post, strategy, rcpt, key)
     record(scenario, strategy, answers, effects(strategy, rcpt), count, statuses)
 
@@ -116,10 +140,12 @@ for strategy in PATHS:
 
 # 5. The API dies after the provider charged; the client retries.
 scenario = "API killed after the charge, then retries"
-for strategy, expect in [("lease", 1), ("fresh provider key", 2), ("naive", 2)]:
+for strategy, expect in [("lease", 1), ("fresh provider key", 2), ("naive", 2),
+                         ("refund (lease)", 1)]:
     rcpt, key = new_key("acc"), new_key()
+    body(strategy, rcpt)
     lost = Background(post, strategy, rcpt, key)
-    wait_until(lambda: charges_to(rcpt) == 1, "the provider to record the charge")
+    wait_until(lambda: effects(strategy, rcpt) == 1, f"the provider to record the {unit(strategy, 1)}")
     api.kill9()
     t.ok(lost.cut(), f"{scenario} / {strategy}: the client got no answer")
     restart_api()
@@ -132,6 +158,11 @@ for strategy, expect in [("lease", 1), ("fresh provider key", 2), ("naive", 2)]:
         wait_until(lambda: not key_row(key)["leased"], "the dead worker's lease to expire")
     late = post(strategy, rcpt, key)
     answers.append(late)
+    if strategy == "refund (lease)":
+        made = sql_value("select refund_id from provider.refunds where idempotency_key ="
+                         f" {quote('shop-1:' + key)}")
+        t.eq(late.json()["provider_refund_id"], made,
+             f"{scenario} / refund: the retry gets the SAME refund, by the derived key")
     if strategy == "lease":
         charge = provider.charges(f"shop-1:{key}")[0]["charge_id"]
         t.eq(late.json()["charge_id"], charge,
@@ -161,6 +192,20 @@ lock.run("commit;")
 lock.close()
 answer = retry.wait()
 record(scenario, "transactional", [answer], effects("transactional", rcpt), 1, [201])
+
+# Two refunds of one payment at once, that together exceed it: the amount
+# is held when the first takes its key, so the second is refused (409,
+# nothing taken) and, once the first has succeeded, its retry is a 422.
+scenario = "two refunds exceeding the payment"
+rcpt = new_key("acc")
+k1, k2 = new_key(), new_key()
+body("refund (lease)", rcpt)
+answers = [Background(post, "refund (lease)", rcpt, k, amount=60000) for k in (k1, k2)]
+answers = [x.wait() for x in answers]
+retry = post("refund (lease)", rcpt, (k1, k2)[[x.status for x in answers].index(409)]
+             if 409 in [x.status for x in answers] else k2, amount=60000)
+record(scenario, "refund (lease)", answers + [retry], effects("refund (lease)", rcpt), 1,
+       [201, 409, 422])
 
 # 6. The provider is down, then back.
 scenario = "provider down, then a retry"
