@@ -125,6 +125,7 @@ int	idem_read_run(struct http_request *);
 
 struct json_value	*idem_parse_body(struct http_request *, char *, size_t);
 int	idem_id_valid(const char *, size_t);
+int	idem_field_check(const struct idem_field *, struct json_value *);
 int	idem_path_arg(struct http_request *, char *, size_t);
 int	idem_query_arg(struct http_request *, const char *, char *, size_t);
 void	idem_db_reset(struct idem_request *);
