@@ -39,9 +39,20 @@ create table if not exists provider.requests (
 
 create index if not exists requests_key on provider.requests (idempotency_key);
 
+-- A database made before refunds: its rows were all charges. A refund of
+-- an unknown charge has no recipient to log.
+alter table provider.requests
+    add column if not exists kind text not null default 'charge'
+    check (kind in ('charge', 'refund'));
+alter table provider.requests alter column recipient drop not null;
+
 comment on table provider.requests is
-    'Every POST /v1/charges the fake provider answered and the status it '
-    'answered, refusals included: the provider calls tests count.';
+    'Every POST /v1/charges and /v1/refunds the fake provider answered and '
+    'the status it answered, refusals included: the provider calls tests '
+    'count.';
+comment on column provider.requests.recipient is
+    'The charge''s recipient, whose magic decides the answer; null for a '
+    'refund of an unknown charge.';
 
 -- The four-argument charge() of databases made before the 409.
 drop function if exists provider.charge(text, bigint, text, text);
@@ -94,8 +105,8 @@ begin
 		end if;
 	end if;
 
-	insert into provider.requests (idempotency_key, recipient, status)
-	values (p_key, p_recipient, status);
+	insert into provider.requests (kind, idempotency_key, recipient, status)
+	values ('charge', p_key, p_recipient, status);
 
 	return next;
 end;
@@ -120,3 +131,130 @@ $$;
 
 comment on function provider.charges_of(text) is
     'The body of GET /v1/charges?idempotency_key=K.';
+
+create table if not exists provider.refunds (
+	refund_id	text primary key
+			default 're_' || replace(gen_random_uuid()::text, '-', ''),
+	idempotency_key	text not null unique,
+	charge_id	text not null references provider.charges,
+	amount		bigint not null check (amount > 0),
+	created_at	timestamptz not null default now(),
+	answered_at	timestamptz not null default now()
+);
+
+create index if not exists refunds_charge on provider.refunds (charge_id);
+
+comment on table provider.refunds is
+    'Every refund the fake provider made; at most one per Idempotency-Key, '
+    'and never past the charge''s amount in total.';
+comment on column provider.refunds.answered_at is
+    'As provider.charges.answered_at: 409 for the key until then.';
+
+-- One POST /v1/refunds, as charge() is one POST /v1/charges: a refusal
+-- (p_refusal, decided by the magic recipient of the charge) keeps no
+-- refund; otherwise the key makes its refund (201) or finds the one it
+-- made (409, 422 or that refund, as for charges). A refund of an unknown
+-- charge or past what is left of it is a 400 and keeps nothing, so that
+-- the key can be used again once it would pass.
+create or replace function provider.refund(p_key text, p_charge_id text,
+    p_amount bigint, p_refusal int, p_think_ms int)
+returns table (status int, created boolean, refund_id text, charge_id text,
+    amount bigint, retry_after int, detail text)
+language plpgsql as $$
+declare
+	v_charge	provider.charges;
+	v_refund	provider.refunds;
+	v_refunded	bigint;
+begin
+	created := false;
+
+	-- Refunds of one charge wait for each other here: two at once cannot
+	-- both see the amount that is left.
+	select c.* into v_charge from provider.charges c
+	 where c.charge_id = p_charge_id
+	   for update;
+
+	if p_refusal is not null then
+		status := p_refusal;
+	else
+		select r.* into v_refund from provider.refunds r
+		 where r.idempotency_key = p_key;
+
+		if v_refund.refund_id is null and v_charge.charge_id is null then
+			status := 400;
+			detail := format('no charge %s', p_charge_id);
+		elsif v_refund.refund_id is null then
+			select coalesce(sum(r.amount), 0) into v_refunded
+			  from provider.refunds r
+			 where r.charge_id = p_charge_id;
+
+			if v_refunded + p_amount > v_charge.amount then
+				status := 400;
+				detail := format('a refund of %s is past the %s '
+				    'left of charge %s', p_amount,
+				    v_charge.amount - v_refunded, p_charge_id);
+			else
+				-- A refund of another charge under this key
+				-- may commit meanwhile: then it is the key's.
+				insert into provider.refunds as r
+				    (idempotency_key, charge_id, amount,
+				    answered_at)
+				values (p_key, p_charge_id, p_amount,
+				    now() + make_interval(secs =>
+				    p_think_ms / 1000.0))
+				on conflict (idempotency_key) do nothing
+				returning r.* into v_refund;
+				created := found;
+
+				if not created then
+					select r.* into v_refund
+					  from provider.refunds r
+					 where r.idempotency_key = p_key;
+				end if;
+			end if;
+		end if;
+
+		if status is null then
+			refund_id := v_refund.refund_id;
+			charge_id := v_refund.charge_id;
+			amount := v_refund.amount;
+
+			if created then
+				status := 201;
+			elsif (v_refund.charge_id, v_refund.amount)
+			    is distinct from (p_charge_id, p_amount) then
+				status := 422;
+			elsif v_refund.answered_at > now() then
+				status := 409;
+				retry_after := greatest(1, ceil(extract(epoch
+				    from v_refund.answered_at - now())))::int;
+			else
+				status := 201;
+			end if;
+		end if;
+	end if;
+
+	insert into provider.requests (kind, idempotency_key, recipient, status)
+	values ('refund', p_key, v_charge.recipient, status);
+
+	return next;
+end;
+$$;
+
+comment on function provider.refund(text, text, bigint, int, int) is
+    'One refund request: status 201 (created, or the key''s refund again), '
+    '409 with retry_after while the request that made it still thinks, 422 '
+    'for other parameters, 400 with a detail for an unknown charge or one '
+    'refunded past its amount, or the refusal asked for. Logged in requests.';
+
+create or replace function provider.refunds_of(p_key text)
+returns text
+language sql stable as $$
+	select json_build_object('refunds',
+	    coalesce(json_agg(r order by r.created_at), '[]'))::text
+	  from (select refund_id, idempotency_key, charge_id, amount, created_at
+		  from provider.refunds where idempotency_key = p_key) r;
+$$;
+
+comment on function provider.refunds_of(text) is
+    'The body of GET /v1/refunds?idempotency_key=K.';

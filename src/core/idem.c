@@ -26,7 +26,6 @@ static int	admit_key(struct http_request *, struct idem_request *);
 static int	admit_media_type(struct http_request *);
 static int	admit_body(struct http_request *, struct idem_request *);
 static int	admit_fields(struct http_request *, struct idem_request *);
-static int	field_check(const struct idem_field *, struct json_value *);
 static int	text_valid(const char *, size_t, size_t, size_t, int);
 static int	key_parse(const char *, char *);
 static void	fingerprint(struct idem_request *);
@@ -526,7 +525,7 @@ admit_fields(struct http_request *req, struct idem_request *r)
 			return (KORE_RESULT_ERROR);
 		}
 
-		if (!field_check(f, v)) {
+		if (!idem_field_check(f, v)) {
 			(void)idem_fail(req, PROBLEM_INVALID_REQUEST,
 			    "%s must be %s", f->name, field_rules[f->kind]);
 			return (KORE_RESULT_ERROR);
@@ -536,8 +535,11 @@ admit_fields(struct http_request *req, struct idem_request *r)
 	return (KORE_RESULT_OK);
 }
 
-static int
-field_check(const struct idem_field *f, struct json_value *v)
+/*
+ * Whether a member of a body (not NULL) holds what its field must hold.
+ */
+int
+idem_field_check(const struct idem_field *f, struct json_value *v)
 {
 	int64_t		n;
 

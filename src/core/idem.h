@@ -126,6 +126,7 @@ int	idem_read_run(struct http_request *);
 
 struct json_value	*idem_parse_body(struct http_request *, char *, size_t);
 int	idem_id_valid(const char *, size_t);
+int	idem_field_check(const struct idem_field *, struct json_value *);
 int	idem_path_arg(struct http_request *, char *, size_t);
 int	idem_path_ref(struct http_request *, char *, size_t);
 int	idem_query_arg(struct http_request *, const char *, char *, size_t);

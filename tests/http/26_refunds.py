@@ -75,7 +75,7 @@ t.ok(r.status == 422 and problem(r) == "idempotency-key-reused",
 r = refund(a, 4000, key, extra={"reason": "other"})
 t.ok(r.status == 422 and problem(r) == "idempotency-key-reused",
      "same key, other reason: 422", r)
-t.eq(provider_calls(f"shop-1:{key}"), 1, "the retries called the provider no more")
+t.eq(provider_calls(f"shop-1:{key}", "refund"), 1, "the retries called the provider no more")
 
 # The payment read.
 r = api.get(f"/v1/payments/{a['payment_id']}")
@@ -106,7 +106,7 @@ for client, amount, payment, status, kind, what in (
                  key=k, client=client)
     t.ok(r.status == status and problem(r) == kind and not r.replayed,
          f"{what}: {status} {kind}", r)
-    t.ok(key_row(k, client) is None and provider_calls(f"{client}:{k}") == 0,
+    t.ok(key_row(k, client) is None and provider_calls(f"{client}:{k}", "refund") == 0,
          f"{what}: no key row, no provider call")
 t.eq(refund_rows(a), [["succeeded", "4000"]], "and nothing held")
 r = api.post("/v1/refunds", {"payment_id": a["payment_id"], "amount": 6001}, key=key + "x")
@@ -141,7 +141,7 @@ lost = next(x for x in answers if x.status == 409)
 lost_key = (k1, k2)[answers.index(lost)]
 t.ok(problem(lost) == "refund-in-progress" and lost.headers.get("retry-after") and
      lost.json()["pending"] == 6000, "the 409: refund-in-progress, Retry-After, pending", lost)
-t.ok(key_row(lost_key) is None and provider_calls(f"shop-1:{lost_key}") == 0,
+t.ok(key_row(lost_key) is None and provider_calls(f"shop-1:{lost_key}", "refund") == 0,
      "the refused one took no key and called no provider")
 r = refund(b, 6000, lost_key)
 t.ok(r.status == 422 and problem(r) == "refund-exceeds-payment",
@@ -175,7 +175,7 @@ t.ok(r.status == 422 and problem(r) == "refund-rejected",
 replay = refund(d, 1000, key)
 t.ok(replay.status == 422 and replay.replayed and replay.body == r.body,
      "saved and replayed", replay)
-t.eq(provider_calls(f"shop-1:{key}"), 1, "and never sent again")
+t.eq(provider_calls(f"shop-1:{key}", "refund"), 1, "and never sent again")
 t.eq(refund_rows(d), [["rejected", "1000"]], "the refund is rejected")
 read = api.get(f"/v1/payments/{d['payment_id']}").json()
 t.ok(read["refunded"] == 0 and read["refunds"][0]["status"] == "rejected",

@@ -403,9 +403,16 @@ class Provider(Kore):
 
     def charges(self, key):
         """GET /v1/charges?idempotency_key=key: the charges made under it."""
-        r = request(self.port, "GET", "/v1/charges?idempotency_key=" +
+        return self._made("charges", key)
+
+    def refunds(self, key):
+        """GET /v1/refunds?idempotency_key=key: the refunds made under it."""
+        return self._made("refunds", key)
+
+    def _made(self, what, key):
+        r = request(self.port, "GET", f"/v1/{what}?idempotency_key=" +
                     urllib.parse.quote(key, safe=""))
-        return r.json()["charges"]
+        return r.json()[what]
 
 
 class StubProvider:
@@ -467,17 +474,33 @@ class StubProvider:
         self.server.server_close()
 
 
-def provider_calls(key):
-    """Requests the fake provider answered for an Idempotency-Key, refusals
-    included (provider.requests): how often the API called it."""
+def provider_calls(key, kind="charge"):
+    """Requests of a kind ("charge" or "refund") the fake provider answered
+    for an Idempotency-Key, refusals included (provider.requests): how
+    often the API called it."""
     return int(sql_value("select count(*) from provider.requests"
-                         f" where idempotency_key = {quote(key)}"))
+                         f" where idempotency_key = {quote(key)}"
+                         f" and kind = {quote(kind)}"))
 
 
 def charges_to(recipient):
     """Charges the provider made to a recipient, whatever their key."""
     return int(sql_value("select count(*) from provider.charges"
                          f" where recipient = {quote(recipient)}"))
+
+
+def refunds_to(recipient):
+    """Refunds the provider made of charges to a recipient, whatever their
+    key."""
+    return int(sql_value("select count(*) from provider.refunds r"
+                         " join provider.charges c using (charge_id)"
+                         f" where c.recipient = {quote(recipient)}"))
+
+
+def refunded(charge_id):
+    """The amount refunded of a charge, in all."""
+    return int(sql_value("select coalesce(sum(amount), 0) from provider.refunds"
+                         f" where charge_id = {quote(charge_id)}"))
 
 
 def key_row(key, client="shop-1"):

@@ -1,9 +1,9 @@
 -- The SQL of the lease strategy (lease_reserve, lease_complete,
 -- lease_release, here with payments.create): reserve, take-over, complete,
--- release and the fencing rule; and the fake provider's one charge per key
--- and its 409.
+-- release and the fencing rule; and the fake provider's one charge and one
+-- refund per key, and its 409.
 begin;
-select plan(53);
+select plan(65);
 
 create temporary table r1 as select * from lease_reserve('shop-1', 'p-1',
     'payments.create', repeat('a', 64),
@@ -191,6 +191,49 @@ select results_eq($$select status from provider.requests where idempotency_key =
     'every call of a key is logged with its answer');
 select results_eq($$select status from provider.requests where idempotency_key = 'k-2'$$,
     $$values (400)$$, 'refusals too');
+
+-- Refunds of k-1's charge of 100: the same per key, never past the charge.
+create temporary table re as select * from provider.refund('r-1',
+    (select charge_id from ch), 60, null, 60000);
+select results_eq($$select status, created, charge_id, amount from re$$,
+    $$select 201, true, charge_id, 60::bigint from ch$$,
+    'a refund is made');
+select ok((select refund_id like 're\_%' from re), 'its id is re_...');
+select results_eq($$select status, refund_id, retry_after between 59 and 60
+    from provider.refund('r-1', (select charge_id from ch), 60, null, 0)$$,
+    $$select 409, refund_id, true from re$$,
+    'the same key while its first request thinks: 409');
+update provider.refunds set answered_at = now() - interval '1 second'
+ where idempotency_key = 'r-1';
+select results_eq($$select status, created, refund_id
+    from provider.refund('r-1', (select charge_id from ch), 60, null, 0)$$,
+    $$select 201, false, refund_id from re$$,
+    'once it has answered, the same refund again');
+select is((select status from provider.refund('r-1', (select charge_id from ch),
+    50, null, 0)), 422, 'the same key with another amount: 422');
+select results_eq($$select status, detail
+    from provider.refund('r-2', (select charge_id from ch), 41, null, 0)$$,
+    $$select 400, format('a refund of 41 is past the 40 left of charge %s',
+    charge_id) from ch$$, 'past what is left of the charge: 400');
+select results_eq($$select status, detail
+    from provider.refund('r-3', 'ch_none', 1, null, 0)$$,
+    $$values (400, 'no charge ch_none')$$, 'an unknown charge: 400');
+select is((select status from provider.refund('r-4', (select charge_id from ch),
+    1, 500, 0)), 500, 'a refusal is answered as asked');
+select is((select count(*)::int from provider.refunds where idempotency_key
+    in ('r-2', 'r-3', 'r-4')), 0, 'and none of them keeps a refund');
+select results_eq($$select kind, idempotency_key, recipient, status
+    from provider.requests where idempotency_key like 'r-%' order by request_id$$,
+    $$values ('refund', 'r-1', 'acc', 201), ('refund', 'r-1', 'acc', 409),
+    ('refund', 'r-1', 'acc', 201), ('refund', 'r-1', 'acc', 422),
+    ('refund', 'r-2', 'acc', 400), ('refund', 'r-3', null, 400),
+    ('refund', 'r-4', 'acc', 500)$$,
+    'every refund call is logged as one, with its charge''s recipient');
+select is((select count(*)::int from provider.requests where kind = 'charge'
+    and idempotency_key in ('k-1', 'k-2')), 5,
+    'the five charge calls are logged as charges');
+select is((provider.refunds_of('r-1')::jsonb -> 'refunds' -> 0 ->> 'refund_id'),
+    (select refund_id from re), 'refunds_of lists the refund');
 
 select * from finish();
 rollback;
