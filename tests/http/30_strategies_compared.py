@@ -139,7 +139,7 @@ for strategy in PATHS:
     record("same key, other client", strategy, [theirs], effects(strategy, rcpt), 2, [201])
 
 # 5. The API dies after the provider charged; the client retries.
-scenario = "API killed after the charge, then retries"
+scenario = "API killed after the provider acted, then retries"
 for strategy, expect in [("lease", 1), ("fresh provider key", 2), ("naive", 2),
                          ("refund (lease)", 1)]:
     rcpt, key = new_key("acc"), new_key()
