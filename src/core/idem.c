@@ -26,6 +26,7 @@ static int	admit_key(struct http_request *, struct idem_request *);
 static int	admit_media_type(struct http_request *);
 static int	admit_body(struct http_request *, struct idem_request *);
 static int	admit_fields(struct http_request *, struct idem_request *);
+static int	admit_check(struct http_request *, struct idem_request *);
 static int	field_check(const struct idem_field *, struct json_value *);
 static int	text_valid(const char *, size_t, size_t, size_t, int);
 static int	key_parse(const char *, char *);
@@ -103,7 +104,8 @@ idem_authenticate(struct http_request *req)
 
 /*
  * Everything that can be checked without the database, in the order a
- * client would fix it: key, media type, size, JSON, fields.
+ * client would fix it: key, media type, size, JSON, fields, the fields
+ * together.
  */
 int
 idem_admit(struct http_request *req)
@@ -111,7 +113,8 @@ idem_admit(struct http_request *req)
 	struct idem_request	*r = http_state_get(req);
 
 	if (!admit_key(req, r) || !admit_media_type(req) ||
-	    !admit_body(req, r) || !admit_fields(req, r))
+	    !admit_body(req, r) || !admit_fields(req, r) ||
+	    !admit_check(req, r))
 		return (HTTP_STATE_COMPLETE);
 
 	fingerprint(r);
@@ -533,6 +536,27 @@ admit_fields(struct http_request *req, struct idem_request *r)
 	}
 
 	return (KORE_RESULT_OK);
+}
+
+/*
+ * The operation's rule across its fields, after each passed its own, so
+ * that it reads only well-formed values.
+ */
+static int
+admit_check(struct http_request *req, struct idem_request *r)
+{
+	char		why[256];
+
+	if (r->op->check == NULL)
+		return (KORE_RESULT_OK);
+
+	(void)kore_strlcpy(why, "the fields do not go together", sizeof(why));
+	if (r->op->check(r->body, why, sizeof(why)))
+		return (KORE_RESULT_OK);
+
+	(void)idem_fail(req, PROBLEM_INVALID_REQUEST, "%s", why);
+
+	return (KORE_RESULT_ERROR);
 }
 
 static int
