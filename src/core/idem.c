@@ -43,6 +43,7 @@ static const char	*field_rules[] = {
 	[FIELD_CURRENCY] = "three upper-case ASCII letters",
 	[FIELD_ID] = "a string of 1 to 128 bytes without control characters",
 	[FIELD_TEXT] = "a string of at most 1024 bytes without NUL",
+	[FIELD_POINTS_POSITIVE] = "an integer from 1 to 9007199254740991",
 };
 
 struct idem_request *
@@ -570,6 +571,8 @@ field_check(const struct idem_field *f, struct json_value *v)
 	case FIELD_POINTS:
 		return (json_int64(v, &n) && n != 0 &&
 		    n >= -IDEM_AMOUNT_MAX && n <= IDEM_AMOUNT_MAX);
+	case FIELD_POINTS_POSITIVE:
+		return (json_int64(v, &n) && n > 0 && n <= IDEM_AMOUNT_MAX);
 	case FIELD_CURRENCY:
 		return (v->type == JSON_STRING && v->len == 3 &&
 		    isupper((unsigned char)v->str[0]) &&

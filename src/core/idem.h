@@ -28,6 +28,7 @@
 #define FIELD_CURRENCY		3
 #define FIELD_ID		4
 #define FIELD_TEXT		5
+#define FIELD_POINTS_POSITIVE	6
 
 struct idem_field {
 	const char	*name;
