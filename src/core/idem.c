@@ -26,6 +26,7 @@ static int	admit_key(struct http_request *, struct idem_request *);
 static int	admit_media_type(struct http_request *);
 static int	admit_body(struct http_request *, struct idem_request *);
 static int	admit_fields(struct http_request *, struct idem_request *);
+static int	admit_check(struct http_request *, struct idem_request *);
 static int	text_valid(const char *, size_t, size_t, size_t, int);
 static int	key_parse(const char *, char *);
 static void	fingerprint(struct idem_request *);
@@ -42,6 +43,7 @@ static const char	*field_rules[] = {
 	[FIELD_ID] = "a string of 1 to 128 bytes without control characters",
 	[FIELD_TEXT] = "a string of at most 1024 bytes without NUL",
 	[FIELD_REF] = "an integer id from 1 to 9007199254740991",
+	[FIELD_POINTS_POSITIVE] = "an integer from 1 to 9007199254740991",
 };
 
 struct idem_request *
@@ -103,7 +105,8 @@ idem_authenticate(struct http_request *req)
 
 /*
  * Everything that can be checked without the database, in the order a
- * client would fix it: key, media type, size, JSON, fields.
+ * client would fix it: key, media type, size, JSON, fields, the fields
+ * together.
  */
 int
 idem_admit(struct http_request *req)
@@ -111,7 +114,8 @@ idem_admit(struct http_request *req)
 	struct idem_request	*r = http_state_get(req);
 
 	if (!admit_key(req, r) || !admit_media_type(req) ||
-	    !admit_body(req, r) || !admit_fields(req, r))
+	    !admit_body(req, r) || !admit_fields(req, r) ||
+	    !admit_check(req, r))
 		return (HTTP_STATE_COMPLETE);
 
 	fingerprint(r);
@@ -536,6 +540,27 @@ admit_fields(struct http_request *req, struct idem_request *r)
 }
 
 /*
+ * The operation's rule across its fields, after each passed its own, so
+ * that it reads only well-formed values.
+ */
+static int
+admit_check(struct http_request *req, struct idem_request *r)
+{
+	char		why[256];
+
+	if (r->op->check == NULL)
+		return (KORE_RESULT_OK);
+
+	(void)kore_strlcpy(why, "the fields do not go together", sizeof(why));
+	if (r->op->check(r->body, why, sizeof(why)))
+		return (KORE_RESULT_OK);
+
+	(void)idem_fail(req, PROBLEM_INVALID_REQUEST, "%s", why);
+
+	return (KORE_RESULT_ERROR);
+}
+
+/*
  * Whether a member of a body (not NULL) holds what its field must hold.
  */
 int
@@ -546,6 +571,7 @@ idem_field_check(const struct idem_field *f, struct json_value *v)
 	switch (f->kind) {
 	case FIELD_AMOUNT:
 	case FIELD_REF:
+	case FIELD_POINTS_POSITIVE:
 		return (json_int64(v, &n) && n > 0 && n <= IDEM_AMOUNT_MAX);
 	case FIELD_POINTS:
 		return (json_int64(v, &n) && n != 0 &&

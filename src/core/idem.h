@@ -29,6 +29,7 @@
 #define FIELD_ID		4
 #define FIELD_TEXT		5
 #define FIELD_REF		6
+#define FIELD_POINTS_POSITIVE	7
 
 struct idem_field {
 	const char	*name;
@@ -58,11 +59,17 @@ struct idem_read;
  * more for the transactional strategy (the SQL knows the operation's
  * function by name), the provider call for the lease strategy, the query
  * for a read.
+ *
+ * check, if set, is the operation's rule across its fields (two that must
+ * differ), run on the body once every field present passed its own: it
+ * returns 0 with the reason written in its buffer to refuse the request,
+ * which is then a 400 like a bad field, and the key is not taken.
  */
 struct idem_operation {
 	const char		*name;
 	const struct idem_field	*fields;
 	size_t			nfields;
+	int			(*check)(struct json_value *, char *, size_t);
 	int			(*strategy)(struct http_request *);
 	const struct lease_call	*call;
 	const struct idem_read	*read;

@@ -15,6 +15,7 @@ extern const struct idem_operation	order_create_operation;
 extern const struct idem_operation	order_list_operation;
 extern const struct idem_operation	bonus_apply_operation;
 extern const struct idem_operation	bonus_balance_operation;
+extern const struct idem_operation	bonus_transfer_operation;
 extern const struct idem_operation	payment_create_operation;
 extern const struct idem_operation	payment_read_operation;
 extern const struct idem_operation	refund_create_operation;

@@ -31,6 +31,9 @@ const struct idem_route	idem_routes[] = {
 	    &bonus_apply_operation },
 	{ HTTP_METHOD_GET, "^/v1/bonuses/[^/]+$",
 	    "GET /v1/bonuses/{customer_id}", &bonus_balance_operation },
+	/* Routed before the pattern above (routes_register): a GET is a 405. */
+	{ HTTP_METHOD_POST, "/v1/bonuses/transfers",
+	    "POST /v1/bonuses/transfers", &bonus_transfer_operation },
 	{ HTTP_METHOD_POST, "/v1/payments", "POST /v1/payments",
 	    &payment_create_operation },
 	{ HTTP_METHOD_GET, "^/v1/payments/[^/]+$",
