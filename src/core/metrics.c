@@ -55,11 +55,11 @@ static const struct {
 	const char	*help;
 } counters[COUNTER_MAX] = {
 	[COUNTER_LEASE_TAKEOVERS] = { "idem_lease_takeovers_total",
-	    "Payments whose in-progress key was taken over by a retry." },
+	    "Lease keys (payments, refunds) taken over by a retry." },
 	[COUNTER_LEASE_FENCED] = { "idem_lease_fenced_total",
 	    "Late results not written because the lease was taken over." },
 	[COUNTER_PAYMENTS_RECOVERED] = { "idem_payments_recovered_total",
-	    "Abandoned payments completed by the recovery job." },
+	    "Abandoned lease keys (payments, refunds) completed by the recovery job." },
 	[COUNTER_CLEANUP_DELETED] = { "idem_cleanup_deleted_keys_total",
 	    "Finished keys deleted after the retention." },
 	[COUNTER_DB_ERRORS] = { "idem_database_errors_total",
