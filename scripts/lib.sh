@@ -66,9 +66,20 @@ cluster_stop() {
 
 # Applies every migration in sql/ in order; each is safe to apply twice.
 migrate() {
+	apply_sql "$1" "$ROOT"/sql/*.sql
+}
+
+# Applies SQL files in order and stops at the first that fails, naming it
+# (and returning non-zero): a later file may depend on it. Query results
+# (the registrations' empty rows) are not printed; errors and notices are.
+apply_sql() {
 	local url=$1 f
-	for f in "$ROOT"/sql/*.sql; do
-		psql "$url" -X -q -v ON_ERROR_STOP=1 -f "$f"
+	shift
+	for f in "$@"; do
+		if ! psql "$url" -X -q -v ON_ERROR_STOP=1 -o /dev/null -f "$f"; then
+			echo "$(basename "$f") failed; the files after it were not applied" >&2
+			return 1
+		fi
 	done
 }
 
@@ -76,8 +87,5 @@ migrate() {
 # clients, the fake provider's schema and the demo strategies' SQL, none
 # of which belongs in a production database. Each is safe to apply twice.
 load_dev_data() {
-	local url=$1 f
-	for f in "$ROOT"/dev/*.sql; do
-		psql "$url" -X -q -v ON_ERROR_STOP=1 -f "$f"
-	done
+	apply_sql "$1" "$ROOT"/dev/*.sql
 }

@@ -107,12 +107,16 @@ comment on column idempotency_keys.recover_at is
 -- function makes the business writes in the transaction that took the
 -- key; a lease operation's settles a provider's answer, and its optional
 -- admit function runs when a new key is taken (a refund's hold).
+-- The functions are kept by name, as text: pg_upgrade refuses a database
+-- with a regproc column in a table of its own. idem_operation() checks
+-- that they exist, and the strategies resolve them (::regproc) when they
+-- call them.
 create table if not exists idem_operations (
 	operation	text primary key,
 	strategy	text not null
 			check (strategy in ('transactional', 'lease')),
-	run		regproc not null,
-	admit		regproc,
+	run		text not null,
+	admit		text,
 	recover		boolean not null default true
 );
 
@@ -127,7 +131,7 @@ create or replace function idem_operation(p_operation text, p_strategy text,
 returns void
 language sql as $$
 	insert into idem_operations (operation, strategy, run, admit, recover)
-	values (p_operation, p_strategy, p_run, p_admit, p_recover)
+	values (p_operation, p_strategy, p_run::text, p_admit::text, p_recover)
 	on conflict (operation) do update
 	   set strategy = excluded.strategy, run = excluded.run,
 	       admit = excluded.admit, recover = excluded.recover;
@@ -161,10 +165,14 @@ $$;
 
 -- The one SQL builder of a problem document: type, title, status, detail,
 -- then the extra members given as JSON text (",\"balance\":3").
+-- An unknown type is an error, never no row: a caller that returned no
+-- row would read as a success.
 create or replace function idem_problem(p_slug text, p_detail text,
     p_members text default '')
 returns table (status_code int, response text)
-language sql stable as $$
+language plpgsql stable as $$
+begin
+	return query
 	select t.status, format('{"type":%s,"title":%s,"status":%s,'
 	    '"detail":%s%s}', to_json(coalesce(nullif(current_setting(
 	    'idem.public_url', true), ''), 'http://127.0.0.1:8888') ||
@@ -172,6 +180,10 @@ language sql stable as $$
 	    to_json(p_detail), p_members)
 	  from idem_problem_types t
 	 where t.slug = p_slug;
+	if not found then
+		raise exception 'no problem type %', p_slug;
+	end if;
+end;
 $$;
 
 comment on function idem_problem(text, text, text) is

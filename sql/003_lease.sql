@@ -11,9 +11,10 @@
 -- p_problem) returns table (status_code int, response text) saves a
 -- success (p_provider_id: the provider's id of it) or a refusal (p_status,
 -- p_problem: the saved problem); the optional admit(p_client, p_key,
--- p_request) returns table (status_code int, response text, request jsonb)
--- runs when a new key is taken, and refuses it (a status) or gives the
--- request to keep (with what the provider call needs).
+-- p_request) returns table (status_code int, response text, request jsonb,
+-- retry_after int), one row, runs when a new key is taken, and refuses it
+-- (a status and its problem; retry_after for a 409) or gives the request
+-- to keep (with what the provider call needs).
 
 drop function if exists payment_answer(text, text, text, text);
 drop function if exists payment_reserve(text, text, text, text, jsonb, int);
@@ -60,7 +61,10 @@ comment on function lease_answer(text, text, text, text) is
 -- the provider timeout of this attempt's call. A new key runs the
 -- operation's admit function with the key taken: a refusal deletes the
 -- key again in the same transaction (refused: nothing taken, nothing
--- saved), so a duplicate that waited on it takes it anew.
+-- saved; retry_after is the admit's, for a 409), so a duplicate that
+-- waited on it takes it anew. An operation that is not registered is an
+-- error before anything is taken: a key the strategy could never settle
+-- or recover must not reach the provider.
 create or replace function lease_reserve(p_client text, p_key text,
     p_operation text, p_fingerprint text, p_request jsonb,
     p_lease_seconds int, p_call_ms int)
@@ -73,6 +77,7 @@ declare
 	v_admit		regproc;
 	v_status	int;
 	v_response	text;
+	v_retry		int;
 begin
 	-- A retry that can be answered from the row is answered without the
 	-- upsert below, which would lock the row (and serialise replays).
@@ -80,6 +85,13 @@ begin
 	    p_fingerprint) a where a.outcome <> 'expired';
 	if found then
 		return;
+	end if;
+
+	select o.admit into v_admit
+	  from idem_operations o
+	 where o.operation = p_operation and o.strategy = 'lease';
+	if not found then
+		raise exception 'no lease operation %', p_operation;
 	end if;
 
 	insert into idempotency_keys as k (client_id, idem_key, operation,
@@ -110,21 +122,25 @@ begin
 		return;
 	end if;
 
-	select o.admit into v_admit
-	  from idem_operations o
-	 where o.operation = p_operation and o.strategy = 'lease';
-
 	if v_admit is not null then
-		execute format('select status_code, response, request from '
-		    '%s($1, $2, $3)', v_admit) into v_status, v_response,
-		    v_request using p_client, p_key, p_request;
+		-- Exactly one row, saying yes (a request) or no (a status):
+		-- anything else is a fault of the admit function, not a yes.
+		execute format('select status_code, response, request, '
+		    'retry_after from %s($1, $2, $3)', v_admit)
+		   into strict v_status, v_response, v_request, v_retry
+		  using p_client, p_key, p_request;
 
 		if v_status is not null then
 			delete from idempotency_keys k
 			 where k.client_id = p_client and k.idem_key = p_key;
 			return query select 'refused'::text, null::bigint,
-			    v_status, v_response, null::int, null::jsonb;
+			    v_status, v_response, v_retry, null::jsonb;
 			return;
+		end if;
+
+		if v_request is null then
+			raise exception '% admitted %:% without a request',
+			    v_admit, p_client, p_key;
 		end if;
 
 		update idempotency_keys k set request = v_request
@@ -189,8 +205,9 @@ begin
 			   and k.lease_id = p_lease and k.status = 'in_progress';
 
 			-- Taken over while run wrote: undo its writes. Only
-			-- this SQLSTATE is caught; run's own errors go to the
-			-- caller.
+			-- this SQLSTATE and run's IDF02 (its work done by
+			-- another attempt) are caught; run's other errors go to
+			-- the caller.
 			if not found then
 				raise exception 'lease % of %:% was taken over',
 				    p_lease, p_client, p_key
@@ -198,6 +215,21 @@ begin
 			end if;
 			v_saved := true;
 		exception when sqlstate 'IDF01' then
+			v_saved := false;
+		when sqlstate 'IDF02' then
+			-- run found its work done by another attempt (it waited
+			-- for that attempt's commit): fenced if the lease did
+			-- move. While this attempt still holds the key it is a
+			-- fault in the data (a change by hand), not a fence.
+			perform 1
+			   from idempotency_keys k
+			  where k.client_id = p_client and k.idem_key = p_key
+			    and k.lease_id = p_lease and k.status = 'in_progress';
+			if found then
+				raise exception 'the run of %:% found its work '
+				    'done while lease % still holds it',
+				    p_client, p_key, p_lease;
+			end if;
 			v_saved := false;
 		end;
 

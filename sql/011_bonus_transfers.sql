@@ -24,8 +24,19 @@ comment on table bonus_transfers is
     '/v1/bonuses/transfers with its Idempotency-Key; its two bonus_ledger '
     'rows name it.';
 
-alter table bonus_ledger add column if not exists transfer_id bigint
-    references bonus_transfers;
+-- The column and its constraints are added apart, NOT VALID: on a ledger
+-- that is already large, validating them would scan it under a lock that
+-- stops its writes (old rows have no transfer and need no check).
+alter table bonus_ledger add column if not exists transfer_id bigint;
+
+do $$
+begin
+	alter table bonus_ledger add constraint bonus_ledger_transfer_id_fkey
+	    foreign key (transfer_id) references bonus_transfers not valid;
+exception when duplicate_object then
+	null;
+end;
+$$;
 
 comment on column bonus_ledger.transfer_id is
     'The transfer this row is one side of (negative for the sender, '
@@ -34,7 +45,7 @@ comment on column bonus_ledger.transfer_id is
 do $$
 begin
 	alter table bonus_ledger add constraint bonus_ledger_one_source
-	    check (order_id is null or transfer_id is null);
+	    check (order_id is null or transfer_id is null) not valid;
 exception when duplicate_object then
 	null;
 end;

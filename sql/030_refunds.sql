@@ -47,9 +47,12 @@ select idem_problem_type('refund-in-progress', 409,
 -- that fits only if refunds now in flight fail (409: retry). Otherwise
 -- holds the amount and gives the request to keep: the client's, with the
 -- refund's id and the payment's charge, which the provider is sent.
+drop function if exists refund_admit(text, text, jsonb);
+
 create or replace function refund_admit(p_client text, p_key text,
     p_request jsonb)
-returns table (status_code int, response text, request jsonb)
+returns table (status_code int, response text, request jsonb,
+    retry_after int)
 language plpgsql as $$
 declare
 	v_payment	payments;
@@ -57,6 +60,7 @@ declare
 	v_refunded	bigint;
 	v_held		bigint;
 	v_refund	bigint;
+	v_retry		int;
 begin
 	-- The lock that admits the refunds of one payment one at a time.
 	select p.* into v_payment
@@ -66,7 +70,7 @@ begin
 	   for update;
 
 	if not found then
-		return query select p.*, null::jsonb
+		return query select p.*, null::jsonb, null::int
 		  from idem_problem('payment-not-found', format('no payment %s '
 		      'of this client', p_request->>'payment_id')) p;
 		return;
@@ -80,27 +84,47 @@ begin
 	 where r.payment_id = v_payment.payment_id;
 
 	if v_amount > v_payment.amount - v_refunded then
-		return query select p.*, null::jsonb
+		return query select p.*, null::jsonb, null::int
 		  from idem_problem('refund-exceeds-payment', format('payment '
 		      '%s of %s has %s refunded: at most %s more can be '
 		      'refunded, not %s', v_payment.payment_id,
 		      v_payment.amount, v_refunded,
 		      v_payment.amount - v_refunded, v_amount),
-		      format(',"payment_id":%s,"amount":%s,"refunded":%s',
-		      v_payment.payment_id, v_payment.amount, v_refunded)) p;
+		      format(',"payment_id":%s,"payment_amount":%s,'
+		      '"refunded":%s', v_payment.payment_id, v_payment.amount,
+		      v_refunded)) p;
 		return;
 	end if;
 
 	if v_amount > v_payment.amount - v_refunded - v_held then
-		return query select p.*, null::jsonb
+		-- When to try again: when the first of the refunds in flight
+		-- ends its provider call (it settles, or is released at once).
+		-- Refunds released after a provider failure wait for a retry
+		-- of their own client or for the recovery job: at least 30 s,
+		-- or until the job's next attempt.
+		select greatest(1, ceil(extract(epoch from min(
+			   case when k.locked_until > now() then
+				   least(k.locked_until, coalesce(k.call_deadline,
+				       k.locked_until))
+			   else greatest(k.recover_at,
+				   now() + interval '30 seconds') end) -
+			   now())))::int
+		  into v_retry
+		  from refunds r
+		  join idempotency_keys k
+		    on k.client_id = r.client_id and k.idem_key = r.idem_key
+		 where r.payment_id = v_payment.payment_id
+		   and r.status = 'pending' and k.status = 'in_progress';
+
+		return query select p.*, null::jsonb, coalesce(v_retry, 1)
 		  from idem_problem('refund-in-progress', format('payment %s of '
 		      '%s has %s refunded and %s in refunds not finished yet: '
 		      'a refund of %s fits only if some of those fail; retry '
 		      'once they are done', v_payment.payment_id,
 		      v_payment.amount, v_refunded, v_held, v_amount),
-		      format(',"payment_id":%s,"amount":%s,"refunded":%s,'
-		      '"pending":%s', v_payment.payment_id, v_payment.amount,
-		      v_refunded, v_held)) p;
+		      format(',"payment_id":%s,"payment_amount":%s,'
+		      '"refunded":%s,"pending":%s', v_payment.payment_id,
+		      v_payment.amount, v_refunded, v_held)) p;
 		return;
 	end if;
 
@@ -111,7 +135,7 @@ begin
 
 	return query select null::int, null::text, p_request ||
 	    jsonb_build_object('refund_id', v_refund, 'charge_id',
-	    v_payment.charge_id);
+	    v_payment.charge_id), null::int;
 end;
 $$;
 
@@ -132,6 +156,12 @@ begin
 		   set status = 'rejected', finished_at = now()
 		 where r.refund_id = (p_request->>'refund_id')::bigint
 		   and r.status = 'pending';
+		-- As below: the hold is freed here or it was settled already.
+		if not found then
+			raise exception 'refund % of %:% was finished by another '
+			    'attempt', p_request->>'refund_id', p_client, p_key
+			    using errcode = 'IDF02';
+		end if;
 		return query select p_status, p_problem;
 		return;
 	end if;
@@ -149,11 +179,12 @@ begin
 
 	-- Finished meanwhile: an attempt that took the key over has saved
 	-- it (this update waited for its commit). This attempt is fenced:
-	-- the SQLSTATE that lease_complete() answers as such.
+	-- IDF02, which lease_complete() answers as such once it has seen
+	-- that the lease did move.
 	if not found then
 		raise exception 'refund % of %:% was finished by another attempt',
 		    p_request->>'refund_id', p_client, p_key
-		    using errcode = 'IDF01';
+		    using errcode = 'IDF02';
 	end if;
 end;
 $$;

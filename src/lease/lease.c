@@ -384,20 +384,26 @@ lease_respond(struct http_request *req)
 
 /*
  * A refusal before the key was taken (a refund of an unknown payment, or
- * larger than what is left): answered, counted as a refusal of the
- * request, and neither saved nor replayed.
+ * larger than what is left, or one that must wait for refunds in flight):
+ * answered, counted, and neither saved nor replayed.
  */
 static int
 lease_respond_unsaved(struct http_request *req)
 {
 	struct idem_request	*r = http_state_get(req);
+	const char		*after;
 	int			status;
 
+	/* A 409 is a wait, with the admit's Retry-After; the rest refuse. */
 	status = (int)strtol(db_call_field(&r->db, "status_code"), NULL, 10);
-	if (status == HTTP_STATUS_CONFLICT)
-		http_response_header(req, "retry-after", "1");
-
-	metrics_request(r->route, OUTCOME_INVALID, r->started);
+	if (status == HTTP_STATUS_CONFLICT) {
+		after = db_call_field(&r->db, "retry_after");
+		http_response_header(req, "retry-after",
+		    *after != '\0' ? after : "1");
+		metrics_request(r->route, OUTCOME_IN_FLIGHT, r->started);
+	} else {
+		metrics_request(r->route, OUTCOME_INVALID, r->started);
+	}
 	http_response_header(req, "content-type", PROBLEM_CONTENT_TYPE);
 	http_response(req, status, db_call_field(&r->db, "response"),
 	    db_call_field_length(&r->db, "response"));

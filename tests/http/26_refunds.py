@@ -13,9 +13,9 @@ import sys
 import urllib.parse
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "lib"))
-from harness import (Api, Background, Provider, Tap, concurrently, key_row,  # noqa: E402
-                     new_key, provider_calls, quote, request, sql, sql_value,
-                     wait_until)
+from harness import (Api, Background, Provider, PsqlSession, Tap, concurrently,  # noqa: E402
+                     key_row, new_key, provider_calls, quote, request, sql, sql_value,
+                     wait_until, waiting_backends)
 
 t = Tap()
 provider = Provider(IDEM_PROVIDER_LATENCY_MS=1000, IDEM_PROVIDER_TIMEOUT_MS=3000).start()
@@ -139,8 +139,11 @@ t.eq(statuses, [201, 409], "two concurrent refunds of 6000 of 10000: one 201, on
 won = next(x for x in answers if x.status == 201)
 lost = next(x for x in answers if x.status == 409)
 lost_key = (k1, k2)[answers.index(lost)]
-t.ok(problem(lost) == "refund-in-progress" and lost.headers.get("retry-after") and
-     lost.json()["pending"] == 6000, "the 409: refund-in-progress, Retry-After, pending", lost)
+t.ok(problem(lost) == "refund-in-progress" and lost.json()["pending"] == 6000,
+     "the 409: refund-in-progress, with what is pending", lost)
+t.ok(1 <= int(lost.headers.get("retry-after", "0")) <= 3,
+     "Retry-After: until the first refund's provider call gives up (3 s), at most",
+     lost.headers)
 t.ok(key_row(lost_key) is None and provider_calls(f"shop-1:{lost_key}", "refund") == 0,
      "the refused one took no key and called no provider")
 r = refund(b, 6000, lost_key)
@@ -150,6 +153,25 @@ t.eq(int(sql_value("select count(*) from provider.refunds where charge_id ="
                    f" {quote(b['charge_id'])}")), 1, "one refund at the provider")
 t.eq(refund_rows(b), [["succeeded", "6000"]], "one refund in the ledger")
 t.ok(won.json()["amount"] == 6000, "the winner refunded 6000", won)
+
+# The same race, forced: a psql session holds the refunds table, so that
+# both refunds reach their admit before either can insert its hold. Only
+# the lock of the payment's row keeps the second from reading the payment
+# as it was before the first's hold.
+b2 = pay(new_key("acc"))
+k1, k2 = new_key("ref"), new_key("ref")
+lock = PsqlSession()
+lock.run("begin; lock table refunds in share mode;")
+runs = [Background(refund, b2, 6000, k) for k in (k1, k2)]
+wait_until(lambda: waiting_backends("%lease_reserve(%") == 2,
+           "both refunds to wait in their admit")
+lock.run("commit;")
+lock.close()
+answers = [x.wait() for x in runs]
+t.eq(sorted(x.status for x in answers), [201, 409],
+     "forced together, two refunds of 6000 of 10000: still one 201 and one 409")
+t.eq(int(sql_value("select count(*) from provider.refunds where charge_id ="
+                   f" {quote(b2['charge_id'])}")), 1, "and one refund at the provider")
 
 # Concurrent duplicates of one refund: one executes, the others get 409.
 c = pay(new_key("acc"))

@@ -83,4 +83,32 @@ try:
 finally:
     psql(admin, f"drop database if exists {name}")
 
+# A migration that fails stops the run, names its file and fails it: the
+# files after it (which may depend on it) are not applied, and make run's
+# dev loop says so instead of reloading as if all went well.
+psql(admin, f"create database {name}")
+tmp = os.path.join(os.environ.get("TMPDIR", "/tmp"), f"idem_bad_sql_{os.getpid()}")
+os.makedirs(tmp, exist_ok=True)
+try:
+    for f, text in (("1_ok.sql", "create table before_bad (a int);"),
+                    ("2_bad.sql", "select idem_no_such_function();"),
+                    ("3_after.sql", "create table after_bad (a int);")):
+        with open(os.path.join(tmp, f), "w") as out:
+            out.write(text)
+    bad = subprocess.run(["bash", "-c", f'. "{ROOT}/scripts/lib.sh"; apply_sql "$0" "$@"',
+                          url] + [os.path.join(tmp, f) for f in
+                                  ("1_ok.sql", "2_bad.sql", "3_after.sql")],
+                         capture_output=True, text=True)
+    t.ok(bad.returncode != 0 and "2_bad.sql failed" in bad.stderr,
+         "a failing SQL file fails the run and is named", bad.stderr)
+    t.eq((count("select 1 from pg_tables where tablename = 'before_bad'"),
+          count("select 1 from pg_tables where tablename = 'after_bad'")), (1, 0),
+         "the files before it are applied, the ones after it are not")
+    t.ok("(1 row)" not in bad.stdout, "and no query result is printed", bad.stdout)
+finally:
+    psql(admin, f"drop database if exists {name}")
+    for f in os.listdir(tmp):
+        os.unlink(os.path.join(tmp, f))
+    os.rmdir(tmp)
+
 t.done()

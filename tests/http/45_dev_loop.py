@@ -1,7 +1,7 @@
 """The dev loop: `make run` (scripts/run) watches the sources; an edited .c
 or .h file is built and loaded into the running processes by a reload, with
-the same workers and the same database; a build that fails leaves the old
-code serving; Ctrl-C stops the stack with exit status 0.
+the same workers and the same database; a build or a migration that fails
+leaves the old code serving; Ctrl-C stops the stack with exit status 0.
 
 Runs on a copy of the tree, so that the edits touch nothing of the repo."""
 
@@ -99,6 +99,23 @@ try:
                timeout=120)
     t.eq(order("x" * 1500).status, 201, "an edited header rebuilds what includes it")
     t.eq(workers(), before, "still the same workers")
+
+    # A migration that fails is named, and the code is not reloaded over
+    # it (the new code may call what it defines).
+    bad = os.path.join(copy, "sql", "099_dev_loop_bad.sql")
+    with open(bad, "w") as f:
+        f.write("select idem_dev_loop_no_such_function();\n")
+    wait_until(lambda: "migration failed" in output(), "the failed migration to be reported",
+               timeout=90)
+    t.ok("099_dev_loop_bad.sql failed" in output() and
+         "reloaded" not in output().split("migration failed")[-1],
+         "a failed migration is named and nothing is reloaded", output()[-1500:])
+    t.ok(answers() and title() == "No such resource here", "the old code keeps serving")
+    with open(bad, "w") as f:
+        f.write("select 1;\n")
+    wait_until(lambda: "reloaded" in output().split("migration failed")[-1],
+               "the fixed migration to reload", timeout=90)
+    os.unlink(bad)
 
     # A build that fails keeps the last good code.
     edit("src/core/problem.c", '"No such resource here"', '"No such resource here" !')
