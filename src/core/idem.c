@@ -260,13 +260,16 @@ idem_parse_body(struct http_request *req, char *err, size_t errlen)
 }
 
 /*
- * An identifier (a customer, a recipient): 1 to 128 bytes without control
- * characters.
+ * An identifier (a customer, a recipient): 1 to 128 bytes of UTF-8
+ * without control characters. A body's strings are UTF-8 already; one
+ * percent-decoded from a path or a query may be any bytes, which
+ * PostgreSQL would refuse as text (a 500).
  */
 int
 idem_id_valid(const char *s, size_t len)
 {
-	return (text_valid(s, len, 1, IDEM_ID_MAX, 1));
+	return (text_valid(s, len, 1, IDEM_ID_MAX, 1) &&
+	    json_utf8_valid(s, len));
 }
 
 /*
