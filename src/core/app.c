@@ -22,6 +22,7 @@
 #include "dev.h"
 #include "operations.h"
 #include "settings.h"
+#include "wakeup.h"
 
 /*
  * Syscalls beyond Kore's own filters: libpq's stat() of ~/.pgpass and its
@@ -127,6 +128,7 @@ api_init(int state)
 		if (reload_unload() != KORE_RESULT_OK)
 			return (KORE_RESULT_ERROR);
 		jobs_stop();
+		wakeup_stop();
 		provider_client_unload();
 		auth_unload();
 		settings_unload();
@@ -139,6 +141,7 @@ api_init(int state)
 	auth_init();
 	provider_client_init();
 	jobs_start();
+	wakeup_start();
 
 	return (KORE_RESULT_OK);
 }

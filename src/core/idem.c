@@ -29,6 +29,7 @@ static int	admit_fields(struct http_request *, struct idem_request *);
 static int	admit_check(struct http_request *, struct idem_request *);
 static int	text_valid(const char *, size_t, size_t, size_t, int);
 static int	key_parse(const char *, char *);
+static int	header_count(struct http_request *, const char *);
 static void	fingerprint(struct idem_request *);
 static int	problem_outcome(int);
 static int	percent_decode(const char *, size_t, int, char *, size_t,
@@ -86,6 +87,12 @@ int
 idem_authenticate(struct http_request *req)
 {
 	struct idem_request	*r = http_state_get(req);
+
+	if (header_count(req, "authorization") > 1) {
+		http_response_header(req, "www-authenticate", "Bearer");
+		return (idem_fail(req, PROBLEM_UNAUTHORIZED,
+		    "send one Authorization header, not several"));
+	}
 
 	switch (auth_step(req, &r->auth, r->client_id)) {
 	case AUTH_PENDING:
@@ -260,13 +267,16 @@ idem_parse_body(struct http_request *req, char *err, size_t errlen)
 }
 
 /*
- * An identifier (a customer, a recipient): 1 to 128 bytes without control
- * characters.
+ * An identifier (a customer, a recipient): 1 to 128 bytes of UTF-8
+ * without control characters. A body's strings are UTF-8 already; one
+ * percent-decoded from a path or a query may be any bytes, which
+ * PostgreSQL would refuse as text (a 500).
  */
 int
 idem_id_valid(const char *s, size_t len)
 {
-	return (text_valid(s, len, 1, IDEM_ID_MAX, 1));
+	return (text_valid(s, len, 1, IDEM_ID_MAX, 1) &&
+	    json_utf8_valid(s, len));
 }
 
 /*
@@ -305,6 +315,28 @@ key_parse(const char *value, char *out)
 	out[len] = '\0';
 
 	return (len > 0 ? KORE_RESULT_OK : KORE_RESULT_ERROR);
+}
+
+/*
+ * How many times the request carries a header. Kore's
+ * http_request_header() finds the first; the service refuses a second
+ * Authorization, Idempotency-Key or Content-Type rather than pick one, since
+ * a proxy in front may read another one of them (the last, or all joined
+ * by commas) and see another client, key or body.
+ */
+static int
+header_count(struct http_request *req, const char *name)
+{
+	struct http_header	*hdr;
+	int			n;
+
+	n = 0;
+	TAILQ_FOREACH(hdr, &req->req_headers, list) {
+		if (!strcasecmp(hdr->header, name))
+			n++;
+	}
+
+	return (n);
 }
 
 /*
@@ -454,6 +486,12 @@ admit_key(struct http_request *req, struct idem_request *r)
 		return (KORE_RESULT_ERROR);
 	}
 
+	if (header_count(req, "idempotency-key") > 1) {
+		(void)idem_fail(req, PROBLEM_KEY_MALFORMED, "send one "
+		    "Idempotency-Key header, not several");
+		return (KORE_RESULT_ERROR);
+	}
+
 	if (!key_parse(value, r->key)) {
 		(void)idem_fail(req, PROBLEM_KEY_MALFORMED, "Idempotency-Key "
 		    "must be 1 to 255 visible ASCII characters, bare or as a "
@@ -471,13 +509,14 @@ admit_media_type(struct http_request *req)
 	size_t		len;
 
 	len = strlen(JSON_CONTENT_TYPE);
-	if (http_request_header(req, "content-type", &value) &&
+	if (header_count(req, "content-type") == 1 &&
+	    http_request_header(req, "content-type", &value) &&
 	    !strncasecmp(value, JSON_CONTENT_TYPE, len) &&
 	    (value[len] == '\0' || value[len] == ';' || value[len] == ' '))
 		return (KORE_RESULT_OK);
 
 	(void)idem_fail(req, PROBLEM_MEDIA_TYPE,
-	    "send the body as Content-Type: application/json");
+	    "send the body with one header Content-Type: application/json");
 
 	return (KORE_RESULT_ERROR);
 }

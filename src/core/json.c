@@ -728,6 +728,29 @@ parse_literal(struct parser *p, struct json_value *v)
 }
 
 /*
+ * True when the len bytes at s are well-formed UTF-8 (what PostgreSQL
+ * takes as text): a value that did not come through the parser, such as
+ * a percent-decoded path segment.
+ */
+int
+json_utf8_valid(const char *s, size_t len)
+{
+	const u_int8_t	*p = (const u_int8_t *)s;
+	size_t		i, n;
+
+	for (i = 0; i < len; i += n) {
+		if (p[i] < 0x80) {
+			n = 1;
+			continue;
+		}
+		if ((n = utf8_length(p + i, len - i)) == 0)
+			return (KORE_RESULT_ERROR);
+	}
+
+	return (KORE_RESULT_OK);
+}
+
+/*
  * Length of the well-formed UTF-8 sequence at s, or 0. Overlong forms,
  * encoded surrogates and code points past U+10FFFF are not well formed.
  */

@@ -46,6 +46,7 @@ void			json_free(struct json_value *);
 struct json_value	*json_member(struct json_value *, const char *);
 int			json_int64(struct json_value *, int64_t *);
 u_int64_t		json_parse_comparisons(void);
+int			json_utf8_valid(const char *, size_t);
 
 void	json_canonical(struct kore_buf *, struct json_value *);
 void	json_canonical_members(struct kore_buf *, struct json_value **,

@@ -14,6 +14,7 @@
 
 #include "idem.h"
 #include "metrics.h"
+#include "problem.h"
 
 #define LATENCY_BUCKETS		11
 
@@ -158,7 +159,8 @@ metrics_serve(struct http_request *req)
 
 	if (req->method != HTTP_METHOD_GET) {
 		http_response_header(req, "allow", "GET");
-		http_response(req, HTTP_STATUS_METHOD_NOT_ALLOWED, NULL, 0);
+		problem_respond(req, PROBLEM_METHOD_NOT_ALLOWED,
+		    "/metrics accepts GET only");
 		return (KORE_RESULT_OK);
 	}
 

@@ -13,6 +13,8 @@
 #include "problem.h"
 #include "settings.h"
 
+static void	page_handler(const char *, char *, size_t);
+
 struct problem_type {
 	int		status;
 	const char	*slug;
@@ -139,16 +141,17 @@ problem_not_found(struct http_request *req)
 }
 
 /*
- * Routes /problems/<slug> to the page assets/<slug>.html that kodev
- * compiled in (its handler asset_serve_<slug, - as _>_html), so that a
- * problem is one line of the table above and one page.
+ * Routes /problems/<slug> to problem_page(), which serves the page
+ * assets/<slug>.html that kodev compiled in (its handler
+ * asset_serve_<slug, - as _>_html), so that a problem is one line of the
+ * table above and one page.
  */
 void
 problem_routes_register(const char *server)
 {
 	struct kore_server	*srv;
 	struct kore_domain	*dom;
-	char			path[128], handler[128], *p;
+	char			path[128], handler[128];
 	int			i;
 
 	if ((srv = kore_server_lookup(server)) == NULL ||
@@ -158,15 +161,50 @@ problem_routes_register(const char *server)
 	for (i = 0; i < PROBLEM_MAX; i++) {
 		(void)snprintf(path, sizeof(path), "/problems/%s",
 		    problems[i].slug);
-		(void)snprintf(handler, sizeof(handler), "asset_serve_%s_html",
-		    problems[i].slug);
-		for (p = handler; *p != '\0'; p++) {
-			if (*p == '-')
-				*p = '_';
-		}
-		if (!kore_module_handler_new(dom, path, handler, NULL,
-		    HANDLER_TYPE_STATIC))
+		page_handler(problems[i].slug, handler, sizeof(handler));
+		if (kore_module_getsym(handler, NULL) == NULL)
 			fatal("no page for problem %s", problems[i].slug);
+		if (!kore_module_handler_new(dom, path, "problem_page", NULL,
+		    HANDLER_TYPE_STATIC))
+			fatal("cannot route %s", path);
+	}
+}
+
+/*
+ * GET /problems/<slug>: the page, by kodev's handler. Any other method is
+ * a 405 problem: kodev's handler would answer it a bare 400.
+ */
+int
+problem_page(struct http_request *req)
+{
+	int		(*serve)(struct http_request *);
+	char		handler[128];
+
+	if (req->method != HTTP_METHOD_GET) {
+		http_response_header(req, "allow", "GET");
+		problem_respond(req, PROBLEM_METHOD_NOT_ALLOWED,
+		    "%s accepts GET only", req->path);
+		return (KORE_RESULT_OK);
+	}
+
+	page_handler(req->path + strlen("/problems/"), handler,
+	    sizeof(handler));
+	if ((serve = (int (*)(struct http_request *))kore_module_getsym(
+	    handler, NULL)) == NULL)
+		return (problem_not_found(req));
+
+	return (serve(req));
+}
+
+static void
+page_handler(const char *slug, char *handler, size_t len)
+{
+	char		*p;
+
+	(void)snprintf(handler, len, "asset_serve_%s_html", slug);
+	for (p = handler; *p != '\0'; p++) {
+		if (*p == '-')
+			*p = '_';
 	}
 }
 

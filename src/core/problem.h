@@ -46,6 +46,7 @@ void	problem_respond(struct http_request *, int, const char *, ...)
 	    __attribute__((format (printf, 3, 4)));
 
 int	problem_not_found(struct http_request *);
+int	problem_page(struct http_request *);
 void	problem_routes_register(const char *);
 void	problem_table_json(struct kore_buf *);
 

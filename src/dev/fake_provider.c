@@ -36,6 +36,7 @@
 #include "problem.h"
 #include "reload.h"
 #include "settings.h"
+#include "wakeup.h"
 
 #define CHARGE_SQL							\
 	"SELECT * FROM "						\
@@ -216,6 +217,7 @@ provider_init(int state)
 	if (state == KORE_MODULE_UNLOAD) {
 		if (reload_unload() != KORE_RESULT_OK)
 			return (KORE_RESULT_ERROR);
+		wakeup_stop();
 		settings_unload();
 		return (KORE_RESULT_OK);
 	}
@@ -223,6 +225,7 @@ provider_init(int state)
 	settings_load();
 	metrics_attach();
 	db_register();
+	wakeup_start();
 
 	return (KORE_RESULT_OK);
 }

@@ -28,7 +28,7 @@ static const struct idem_read	bonus_balance_read = {
 	.sql = "SELECT bonus_balance($1, $2)",
 	.arg = "the customer id in the path",
 	.parse = idem_path_arg,
-	.rule = "1 to 128 bytes without control characters, "
+	.rule = "1 to 128 bytes of UTF-8 without control characters, "
 	    "percent-encoded (%XX; + is a plus)",
 	.not_found = PROBLEM_NOT_FOUND,
 };

@@ -31,8 +31,8 @@ static const struct idem_read	order_list_read = {
 	.sql = "SELECT order_list($1, $2)",
 	.arg = "customer_id",
 	.parse = customer_query,
-	.rule = "a query parameter of 1 to 128 bytes without control "
-	    "characters",
+	.rule = "a query parameter of 1 to 128 bytes of UTF-8 without "
+	    "control characters",
 	.not_found = PROBLEM_NOT_FOUND,
 };
 
