@@ -83,7 +83,9 @@ t.ok(set(border) <= {201, 504}, "the calls answered at the timeout: 201 or 504",
 t.note(f"answered at the timeout: {border.count(201)} in time, "
        f"{border.count(504)} too late")
 
-deadline = time.monotonic() + 60
+# A bound, not a measure: under the sanitizers on a loaded machine the
+# provider's own answers can take past the timeout for a while.
+deadline = time.monotonic() + 180
 retries = {key: settle(key, body, deadline) for key, body in keys.items()}
 late = {k: r for k, r in retries.items() if r.status != 201}
 t.eq(late, {}, f"every one of the {len(keys)} payments succeeds on a retry")
