@@ -14,6 +14,7 @@
 
 #include "auth.h"
 #include "db.h"
+#include "docs.h"
 #include "jobs.h"
 #include "metrics.h"
 #include "problem.h"
@@ -94,6 +95,7 @@ kore_parent_configure(int argc, char **argv)
 		bind_server("api", settings.port);
 		routes_register("api");
 		problem_routes_register("api");
+		docs_routes_register("api");
 #if defined(DEV_ROUTES)
 		add_route("api", "/dev/canonical-json", "dev_canonical_json",
 		    HANDLER_TYPE_STATIC);
