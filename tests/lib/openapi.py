@@ -40,13 +40,15 @@ def operation(method, path):
     """(template, operation) documented for a request, or (None, None)."""
     _load()
     path = path.split("?", 1)[0]
-    # Exact paths before templates: /v1/bonuses/transfers is not a balance.
+    # Exact paths before templates, as Kore routes them: a GET of
+    # /v1/bonuses/transfers is that path's 405, not a balance.
     for exact in (True, False):
         for rx, template, item in _routes:
-            if ("{" not in template) != exact:
+            if ("{" not in template) != exact or not rx.match(path):
                 continue
-            if rx.match(path) and method.lower() in item:
-                return template, item[method.lower()]
+            if method.lower() not in item:
+                return None, None
+            return template, item[method.lower()]
     return None, None
 
 
