@@ -12,6 +12,7 @@
 #include <kore/http.h>
 #include <kore/seccomp.h>
 
+#include "accesslog.h"
 #include "auth.h"
 #include "db.h"
 #include "docs.h"
@@ -151,7 +152,10 @@ api_init(int state)
 int
 not_found(struct http_request *req)
 {
-	return (problem_not_found(req));
+	(void)problem_not_found(req);
+	access_log_plain(req, "not_found");
+
+	return (KORE_RESULT_OK);
 }
 
 static void

@@ -11,6 +11,7 @@
 #include <kore/kore.h>
 #include <kore/http.h>
 
+#include "accesslog.h"
 #include "assets.h"
 #include "docs.h"
 #include "problem.h"
@@ -44,18 +45,24 @@ docs_routes_register(const char *server)
 int
 docs_openapi(struct http_request *req)
 {
+	int		ret;
+
 	if (!get_only(req))
 		return (KORE_RESULT_OK);
 
 	/* A browser page served elsewhere (an editor, a viewer) may read it. */
 	http_response_header(req, "access-control-allow-origin", "*");
+	ret = asset_serve_openapi_json(req);
+	access_log_plain(req, "ok");
 
-	return (asset_serve_openapi_json(req));
+	return (ret);
 }
 
 int
 docs_page(struct http_request *req)
 {
+	int		ret;
+
 	if (!get_only(req))
 		return (KORE_RESULT_OK);
 
@@ -63,8 +70,10 @@ docs_page(struct http_request *req)
 	http_response_header(req, "content-security-policy",
 	    "default-src 'self'; script-src 'unsafe-inline'; "
 	    "style-src 'unsafe-inline'; connect-src 'self'");
+	ret = asset_serve_docs_html(req);
+	access_log_plain(req, "ok");
 
-	return (asset_serve_docs_html(req));
+	return (ret);
 }
 
 /*
@@ -80,6 +89,7 @@ get_only(struct http_request *req)
 	http_response_header(req, "allow", "GET");
 	problem_respond(req, PROBLEM_METHOD_NOT_ALLOWED, "%s accepts GET only",
 	    req->path);
+	access_log_plain(req, "method_not_allowed");
 
 	return (KORE_RESULT_ERROR);
 }
