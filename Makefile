@@ -1,7 +1,7 @@
 # The README's commands. Each target installs what a fresh Debian 12
 # machine lacks (as root) before it builds.
 
-.PHONY: all build prod run test test-sanitize db api provider bench deps clean
+.PHONY: all build prod run test test-sanitize db stop reset api provider bench deps clean
 
 all: build
 
@@ -25,6 +25,12 @@ test-sanitize:
 
 db: deps
 	@scripts/db
+
+stop:
+	@scripts/stop
+
+reset:
+	@scripts/reset
 
 api: build
 	@scripts/api

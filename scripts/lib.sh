@@ -4,7 +4,8 @@
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 APP=$(basename "$ROOT")
 EMBEDDED_PGDATA=$ROOT/.pgdata
-EMBEDDED_PGPORT=54329
+# Its port; another lets two checkouts (or a test) keep clusters of their own.
+EMBEDDED_PGPORT=${IDEM_EMBEDDED_PGPORT:-54329}
 
 export PGOPTIONS="-c client_min_messages=warning"
 

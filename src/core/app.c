@@ -12,8 +12,10 @@
 #include <kore/http.h>
 #include <kore/seccomp.h>
 
+#include "accesslog.h"
 #include "auth.h"
 #include "db.h"
+#include "docs.h"
 #include "jobs.h"
 #include "metrics.h"
 #include "problem.h"
@@ -94,6 +96,7 @@ kore_parent_configure(int argc, char **argv)
 		bind_server("api", settings.port);
 		routes_register("api");
 		problem_routes_register("api");
+		docs_routes_register("api");
 #if defined(DEV_ROUTES)
 		add_route("api", "/dev/canonical-json", "dev_canonical_json",
 		    HANDLER_TYPE_STATIC);
@@ -149,7 +152,10 @@ api_init(int state)
 int
 not_found(struct http_request *req)
 {
-	return (problem_not_found(req));
+	(void)problem_not_found(req);
+	access_log_plain(req, "not_found");
+
+	return (KORE_RESULT_OK);
 }
 
 static void

@@ -7,6 +7,7 @@
 #include <kore/kore.h>
 #include <kore/http.h>
 
+#include "accesslog.h"
 #include "db.h"
 #include "problem.h"
 #include "reload.h"
@@ -16,6 +17,7 @@
 
 struct health_check {
 	struct db_call		db;
+	u_int64_t		started;
 };
 
 int		healthz(struct http_request *);
@@ -31,6 +33,7 @@ healthz(struct http_request *req)
 		http_response_header(req, "allow", "GET");
 		problem_respond(req, PROBLEM_METHOD_NOT_ALLOWED,
 		    "/healthz accepts GET only");
+		access_log_plain(req, "method_not_allowed");
 		return (KORE_RESULT_OK);
 	}
 
@@ -39,6 +42,7 @@ healthz(struct http_request *req)
 
 	if (!http_state_exists(req)) {
 		h = http_state_create(req, sizeof(*h), health_free);
+		h->started = kore_time_ms();
 		reload_hold();
 		db_call_init_health(&h->db, req);
 	}
@@ -74,6 +78,8 @@ health_free(struct http_request *req)
 {
 	struct health_check	*h = http_state_get(req);
 
+	access_log(req, NULL, NULL, req->status == HTTP_STATUS_OK ? "ok" :
+	    "db_error", h->started, 0);
 	db_call_cleanup(&h->db);
 	reload_release();
 }

@@ -16,6 +16,7 @@
 #include <string.h>
 #include <strings.h>
 
+#include "accesslog.h"
 #include "idem.h"
 #include "metrics.h"
 #include "problem.h"
@@ -59,6 +60,7 @@ idem_request(struct http_request *req, int route,
 	r = http_state_create(req, sizeof(*r), request_free);
 	reload_hold();
 	r->started = kore_time_ms();
+	r->outcome = -1;
 	r->route = route;
 	r->op = op;
 	kore_buf_init(&r->canonical, 256);
@@ -228,6 +230,7 @@ read_respond(struct http_request *req)
 		    "this client", r->op->read->arg, r->arg));
 	}
 
+	r->outcome = OUTCOME_OK;
 	metrics_request(r->route, OUTCOME_OK, r->started);
 
 	http_response_header(req, "content-type", JSON_CONTENT_TYPE);
@@ -360,8 +363,9 @@ idem_respond(struct http_request *req, int status, const void *body,
 {
 	struct idem_request	*r = http_state_get(req);
 
-	metrics_request(r->route, replayed ? OUTCOME_REPLAYED : OUTCOME_CREATED,
-	    r->started);
+	r->outcome = replayed ? OUTCOME_REPLAYED : OUTCOME_CREATED;
+	r->replayed = replayed;
+	metrics_request(r->route, r->outcome, r->started);
 
 	if (replayed)
 		http_response_header(req, "idempotent-replayed", "true");
@@ -398,7 +402,8 @@ idem_fail(struct http_request *req, int problem, const char *fmt, ...)
 	(void)vsnprintf(detail, sizeof(detail), fmt, args);
 	va_end(args);
 
-	metrics_request(r->route, problem_outcome(problem), r->started);
+	r->outcome = problem_outcome(problem);
+	metrics_request(r->route, r->outcome, r->started);
 	problem_respond(req, problem, "%s", detail);
 
 	return (HTTP_STATE_COMPLETE);
@@ -461,6 +466,10 @@ static void
 request_free(struct http_request *req)
 {
 	struct idem_request	*r = http_state_get(req);
+
+	/* Last: the request is done with, answered or cut off. */
+	access_log(req, r->client_id, r->key, r->outcome < 0 ? NULL :
+	    metrics_outcome_name(r->outcome), r->started, r->replayed);
 
 	auth_cleanup(&r->auth);
 	idem_db_reset(r);

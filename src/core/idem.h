@@ -103,6 +103,10 @@ struct idem_request {
 	const struct idem_operation	*op;
 	int				route;
 
+	/* What the access log says of it (accesslog.c); -1: no answer. */
+	int				outcome;
+	int				replayed;
+
 	struct auth_lookup	auth;
 	char			client_id[AUTH_CLIENT_ID_MAX + 1];
 	char			key[IDEM_KEY_MAX + 1];

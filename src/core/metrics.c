@@ -12,6 +12,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "accesslog.h"
 #include "idem.h"
 #include "metrics.h"
 #include "problem.h"
@@ -138,6 +139,12 @@ metrics_request(int route, int outcome, u_int64_t started)
 	    __ATOMIC_RELAXED);
 }
 
+const char *
+metrics_outcome_name(int outcome)
+{
+	return (outcome_names[outcome]);
+}
+
 void
 metrics_count(int counter, u_int64_t n)
 {
@@ -161,6 +168,7 @@ metrics_serve(struct http_request *req)
 		http_response_header(req, "allow", "GET");
 		problem_respond(req, PROBLEM_METHOD_NOT_ALLOWED,
 		    "/metrics accepts GET only");
+		access_log_plain(req, "method_not_allowed");
 		return (KORE_RESULT_OK);
 	}
 
@@ -173,6 +181,7 @@ metrics_serve(struct http_request *req)
 	    "text/plain; version=0.0.4; charset=utf-8");
 	http_response(req, HTTP_STATUS_OK, buf.data, buf.offset);
 	kore_buf_cleanup(&buf);
+	access_log_plain(req, "ok");
 
 	return (KORE_RESULT_OK);
 }

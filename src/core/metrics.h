@@ -36,5 +36,6 @@ void	metrics_request(int, int, u_int64_t);
 void	metrics_count(int, u_int64_t);
 void	metrics_db_error(void);
 int	metrics_serve(struct http_request *);
+const char	*metrics_outcome_name(int);
 
 #endif

@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "accesslog.h"
 #include "json.h"
 #include "problem.h"
 #include "settings.h"
@@ -179,11 +180,13 @@ problem_page(struct http_request *req)
 {
 	int		(*serve)(struct http_request *);
 	char		handler[128];
+	int		ret;
 
 	if (req->method != HTTP_METHOD_GET) {
 		http_response_header(req, "allow", "GET");
 		problem_respond(req, PROBLEM_METHOD_NOT_ALLOWED,
 		    "%s accepts GET only", req->path);
+		access_log_plain(req, "method_not_allowed");
 		return (KORE_RESULT_OK);
 	}
 
@@ -191,9 +194,12 @@ problem_page(struct http_request *req)
 	    sizeof(handler));
 	if ((serve = (int (*)(struct http_request *))kore_module_getsym(
 	    handler, NULL)) == NULL)
-		return (problem_not_found(req));
+		ret = problem_not_found(req);
+	else
+		ret = serve(req);
+	access_log_plain(req, req->status == HTTP_STATUS_OK ? "ok" : "-");
 
-	return (serve(req));
+	return (ret);
 }
 
 static void

@@ -17,6 +17,7 @@
 #include <kore/kore.h>
 #include <kore/http.h>
 
+#include "accesslog.h"
 #include "idem.h"
 #include "operations.h"
 #include "problem.h"
@@ -116,6 +117,7 @@ api_dispatch(struct http_request *req)
 			http_response_header(req, "allow", allow);
 			problem_respond(req, PROBLEM_METHOD_NOT_ALLOWED,
 			    "%s accepts %s only", req->path, allow);
+			access_log_plain(req, "method_not_allowed");
 			return (KORE_RESULT_OK);
 		}
 

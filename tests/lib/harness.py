@@ -2,7 +2,10 @@
 provider processes (kore, started and killed with real signals), HTTP over
 loopback, and psql against the throwaway database of `make test`.
 
-Only the Python standard library is used.
+Only the Python standard library is used, and Debian's python3-jsonschema
+for the check of every API response against docs/openapi.json
+(tests/lib/openapi.py): a response the document does not describe fails
+the test that received it, in Tap.done().
 """
 
 import atexit
@@ -60,6 +63,9 @@ class Tap:
         sys.stdout.flush()
 
     def done(self):
+        if _checked[0]:
+            self.ok(not _mismatches, f"the {_checked[0]} API responses of this "
+                    "test agree with docs/openapi.json", "\n".join(_mismatches))
         print(f"1..{self.count}")
         sys.stdout.flush()
         sys.exit(1 if self.failed else 0)
@@ -107,6 +113,13 @@ class Response:
         return f"<{self.status} {self.body[:300]!r}>"
 
 
+# The ports of the APIs this test started (Api): their responses are
+# checked against the OpenAPI document, the fake provider's are not.
+_api_ports = set()
+_checked = [0]
+_mismatches = []
+
+
 def request(port, method, path, body=None, headers=None, timeout=60):
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
     try:
@@ -114,9 +127,24 @@ def request(port, method, path, body=None, headers=None, timeout=60):
         resp = conn.getresponse()
         data = resp.read()
         hdrs = {k.lower(): v for k, v in resp.getheaders()}
+        if port in _api_ports:
+            check_openapi(method, path, resp.status, hdrs, data)
         return Response(resp.status, hdrs, data)
     finally:
         conn.close()
+
+
+def check_openapi(method, path, status, headers, body):
+    """Records a response that does not agree with docs/openapi.json; the
+    test fails in Tap.done(). Also for responses read off a raw socket."""
+    import openapi  # tests/lib/openapi.py: jsonschema, loaded on first use
+
+    _checked[0] += 1
+    why = openapi.check(method, path, status, headers, body)
+    if why is not None:
+        _mismatches.append(why)
+        print(f"# openapi mismatch: {why}")
+        sys.stdout.flush()
 
 
 def post(port, path, body, key=None, client="shop-1", token=None,
@@ -372,6 +400,7 @@ class Kore:
 class Api(Kore):
     def __init__(self, name="api", port=None, app=None, **env):
         self.port = port or free_port()
+        _api_ports.add(self.port)
         env.setdefault("IDEM_PORT", self.port)
         super().__init__("kore.conf", name, env, app)
 
