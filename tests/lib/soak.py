@@ -772,6 +772,12 @@ class Soak:
                 magic["payments to " + k.body["recipient"]] += 1
             if k.op == "refund" and k.parent.body["recipient"] in ("refund-fail", "refund-slow"):
                 magic["refunds of " + k.parent.body["recipient"]] += 1
+        times = sorted(a.seconds for k in keys for a in k.answers)
+        slow = collections.Counter(a.label() for k in keys for a in k.answers if a.seconds >= 4)
+
+        def pct(p):
+            return times[min(len(times) - 1, int(p * len(times)))] if times else 0.0
+
         acked_chaos = sum(1 for k in keys if any(is_final(a) for a in k.answers
                                                  if a.phase == "chaos"))
         lines = [
@@ -784,6 +790,9 @@ class Soak:
             "faults injected: " + ", ".join(f"{f} {self.faults[f]}" for f in FAULTS),
             "provider misbehaving by recipient: " + ", ".join(f"{m} {n}" for m, n in sorted(magic.items())),
             f"answers by status: " + ", ".join(f"{s}: {n}" for s, n in sorted(answers.items())),
+            f"latency: p50 {pct(0.5):.3f} s, p99 {pct(0.99):.3f} s, max {pct(1):.3f} s;"
+            f" answers after 4 s or more: {sum(slow.values())}" +
+            (" (" + ", ".join(f"{s}: {n}" for s, n in sorted(slow.items())) + ")" if slow else ""),
             f"keys acknowledged during the chaos: {acked_chaos}; outcomes: " +
             ", ".join(f"{s}: {n}" for s, n in sorted(ends.items())),
             f"lease keys left unfinished by the chaos: {self.lease_open}, finished by the recovery"
