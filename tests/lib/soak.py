@@ -36,7 +36,7 @@ import socket
 import threading
 import time
 
-from harness import Api, Provider, TMP, alive, cluster, post, request, sql
+from harness import Api, Provider, TMP, alive, cluster, get, post, request, sql
 
 PATHS = {"order": "/v1/orders", "bonus": "/v1/bonuses",
          "transfer": "/v1/bonuses/transfers", "payment": "/v1/payments",
@@ -721,6 +721,34 @@ class Soak:
         wrong = [b for b in balances if b[2] != b[3]]
         checks.append((f"every balance ({len(balances)} accounts) equals the sum of its ledger",
                        not wrong and not orphans and balances, (wrong + orphans)[:10]))
+        # The reads agree: every customer's balance, every payment with its refunds.
+        bad_reads = []
+        balance_of = {(b[0], b[1]): int(b[2]) for b in balances}
+        for client, custs in self.customers.items():
+            for i, cust in enumerate(custs):
+                r = get(self.apis[i % 2].port, f"/v1/bonuses/{cust}", client=client)
+                want = {"customer_id": cust, "balance": balance_of.get((client, cust), 0)}
+                if r.status != 200 or r.json() != want:
+                    bad_reads.append((cust, r.status, r.body[:200], want))
+        refunded = collections.Counter()
+        for k in keys:
+            f = k.final()
+            if k.op == "refund" and f is not None and f.status == 201:
+                refunded[k.body["payment_id"]] += k.body["amount"]
+        for i, k in enumerate(keys):
+            f = k.final()
+            if k.op != "payment" or f is None or f.status != 201:
+                continue
+            pid = json.loads(f.body)["payment_id"]
+            r = get(self.apis[i % 2].port, f"/v1/payments/{pid}", client=k.client)
+            body = r.json() if r.status == 200 else {}
+            if (r.status != 200 or body.get("charge_id") != json.loads(f.body)["charge_id"] or
+                    body.get("refunded") != refunded[pid] or
+                    len(body.get("refunds", [])) != sum(1 for x in k.refunds if x.sent)):
+                bad_reads.append((k.key, pid, r.status, r.body[:300], refunded[pid]))
+        checks.append(("the reads agree with the books: GET /v1/bonuses/{customer} of every"
+                       " customer, GET /v1/payments/{id} of every payment with its refunds",
+                       not bad_reads, bad_reads[:5]))
         workers = {api.name: (api.proc.poll() is None, api.workers()) for api in self.apis}
         checks.append(("no worker left dead: each API instance runs its two workers",
                        all(up and len(w) == 2 and all(alive(p) for p in w)
