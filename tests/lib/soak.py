@@ -50,9 +50,11 @@ SAVED_422 = {"insufficient-balance", "balance-limit-exceeded",
              "payment-rejected", "refund-rejected"}
 FAULTS = ("worker_kill9", "api_kill9_restart", "api_reload", "provider_down",
           "pg_restart")
-# Worker kills are the common fault ("every few seconds"), the others rarer.
-FAULT_WEIGHTS = {"worker_kill9": 4, "api_kill9_restart": 1, "api_reload": 1,
-                 "provider_down": 1, "pg_restart": 1}
+# Workers are killed every few seconds by a thread of their own; the other
+# faults come one after another from another thread, so that a worker may
+# die while PostgreSQL or the provider is down (never while its instance
+# restarts or reloads, which would only confuse the count of its workers).
+OTHER_FAULTS = FAULTS[1:]
 
 
 class Config:
@@ -62,8 +64,8 @@ class Config:
     order of faults."""
 
     def __init__(self, keys=10000, seconds=300, seed=None, groups=24,
-                 settle_seconds=300, gap=(1.5, 5.0), abandon=0.15,
-                 chaos_retries=6, http_timeout=30, from_env=True):
+                 settle_seconds=300, gap=(2.0, 6.0), kill_gap=(2.0, 5.0),
+                 abandon=0.15, chaos_retries=6, http_timeout=30, from_env=True):
         env = os.environ if from_env else {"SOAK_SEED": os.environ.get("SOAK_SEED")}
         env = {k: v for k, v in env.items() if v}
         self.keys = int(env.get("SOAK_KEYS", keys))
@@ -72,7 +74,8 @@ class Config:
         self.seed = int(seed) if seed is not None else random.SystemRandom().randrange(10**9)
         self.groups = int(env.get("SOAK_GROUPS", groups))
         self.settle_seconds = float(env.get("SOAK_SETTLE_SECONDS", settle_seconds))
-        self.gap = gap                      # seconds between two faults
+        self.gap = gap                      # seconds between two other faults
+        self.kill_gap = kill_gap            # seconds between two worker kills
         self.abandon = abandon              # share of keys never retried in the chaos
         self.chaos_retries = chaos_retries  # retries of each duplicate in the chaos
         self.http_timeout = http_timeout    # past it a request counts as a hang
@@ -83,7 +86,7 @@ class Config:
 
 class Answer:
     __slots__ = ("phase", "instance", "status", "kind", "body", "replayed",
-                 "retry_after", "seconds")
+                 "retry_after", "seconds", "at")
 
     def __init__(self, phase, instance, status, kind, body=b"", replayed=False,
                  retry_after=None, seconds=0.0):
@@ -95,6 +98,7 @@ class Answer:
         self.replayed = replayed
         self.retry_after = retry_after
         self.seconds = seconds
+        self.at = 0.0             # sent, in seconds since the chaos began
 
     def label(self):
         if self.status is None:
@@ -250,6 +254,8 @@ class Soak:
         self.roots, self.customers = make_plan(cfg, self.run)
         self.faults = collections.Counter()
         self.fault_log = []
+        self.fault_times = []      # (began, ended, what), in seconds since the chaos began
+        self.api_lock = threading.Lock()   # one fault at a time on the API instances
         self.defects = []          # what the soak saw go wrong, as text
         self.lock = threading.Lock()
         self.cond = threading.Condition(self.lock)
@@ -297,6 +303,7 @@ class Soak:
             a = Answer(phase, api.name, r.status, problem_type(r), r.body, r.replayed,
                        int(ra) if ra and ra.isdigit() else None)
         a.seconds = time.monotonic() - t0
+        a.at = t0 - self.t0
         k.answers.append(a)
         return a
 
@@ -384,6 +391,13 @@ class Soak:
 
     def fault(self, kind, rng):
         api = rng.choice(self.apis)
+        if kind in ("worker_kill9", "api_kill9_restart", "api_reload"):
+            with self.api_lock:
+                self.fault_of(kind, rng, api)
+        else:
+            self.fault_of(kind, rng, api)
+
+    def fault_of(self, kind, rng, api):
         t0 = time.monotonic()
         what = kind
         if kind == "worker_kill9":
@@ -421,6 +435,7 @@ class Soak:
             cluster("start")
         self.faults[kind] += 1
         self.fault_log.append(f"{t0 - self.t0:7.1f}s {what} ({time.monotonic() - t0:.1f}s)")
+        self.fault_times.append((t0 - self.t0, time.monotonic() - self.t0, what))
 
     @staticmethod
     def wait(cond, seconds, interval=0.05):
@@ -431,18 +446,17 @@ class Soak:
             time.sleep(interval)
         return cond()
 
-    def inject(self, done):
-        """Faults in a seeded random order until done is set: every kind
-        once first (shuffled), then by weight."""
-        rng = random.Random(self.cfg.seed * 7 + 1)
-        first = list(FAULTS)
+    def inject(self, done, kinds, gap, stream):
+        """Faults of kinds in a seeded random order until done is set, one
+        every gap seconds: every kind once first (shuffled), then any."""
+        rng = random.Random(self.cfg.seed * 7 + stream)
+        first = list(kinds)
         rng.shuffle(first)
         while not done.is_set():
-            done.wait(rng.uniform(*self.cfg.gap))
+            done.wait(rng.uniform(*gap))
             if done.is_set() and not first:
                 break
-            kind = first.pop(0) if first else rng.choices(
-                list(FAULT_WEIGHTS), list(FAULT_WEIGHTS.values()))[0]
+            kind = first.pop(0) if first else rng.choice(kinds)
             try:
                 self.fault(kind, rng)
             except Exception as e:  # a fault that could not be injected or undone
@@ -470,8 +484,11 @@ class Soak:
         rate = max(len(self.roots) / c.seconds, 1e-3)
         deadline = self.t0 + 2 * c.seconds
         done = threading.Event()
-        injector = threading.Thread(target=self.inject, args=(done,), daemon=True)
-        injector.start()
+        injectors = [threading.Thread(target=self.inject, args=(done, kinds, gap, n), daemon=True)
+                     for n, (kinds, gap) in enumerate(((OTHER_FAULTS, c.gap),
+                                                       (("worker_kill9",), c.kill_gap)))]
+        for th in injectors:
+            th.start()
         groups = [threading.Thread(target=self.group, args=(deadline, rate, self.t0),
                                    daemon=True) for _ in range(c.groups)]
         for g in groups:
@@ -480,9 +497,10 @@ class Soak:
             g.join()
         self.chaos_over.set()
         done.set()
-        injector.join(120)
-        if injector.is_alive():
-            self.defects.append("the last fault did not end within 120 s")
+        for th in injectors:
+            th.join(120)
+            if th.is_alive():
+                self.defects.append("the last fault did not end within 120 s")
         self.heal()
         for k in self.apis + [self.provider]:
             if k.proc.poll() is not None:
@@ -806,6 +824,20 @@ class Soak:
         def pct(p):
             return times[min(len(times) - 1, int(p * len(times)))] if times else 0.0
 
+        def during(a):
+            """The faults under way while the request ran, or the last one
+            before it."""
+            now = [what.split(" pid")[0] for began, ended, what in sorted(self.fault_times)
+                   if began <= a.at + a.seconds and ended >= a.at]
+            if now:
+                return " and ".join(now) + " under way"
+            before = [(ended, what) for began, ended, what in self.fault_times if ended < a.at]
+            if not before:
+                return "before any fault"
+            ended, what = max(before)
+            return f"{a.at - ended:.1f} s after {what.split(' pid')[0]}"
+
+        slowest = sorted(((a, k) for k in keys for a in k.answers), key=lambda x: -x[0].seconds)[:5]
         acked_chaos = sum(1 for k in keys if any(is_final(a) for a in k.answers
                                                  if a.phase == "chaos"))
         lines = [
@@ -821,6 +853,8 @@ class Soak:
             f"latency: p50 {pct(0.5):.3f} s, p99 {pct(0.99):.3f} s, max {pct(1):.3f} s;"
             f" answers after 4 s or more: {sum(slow.values())}" +
             (" (" + ", ".join(f"{s}: {n}" for s, n in sorted(slow.items())) + ")" if slow else ""),
+            "slowest: " + "; ".join(f"{a.seconds:.1f} s {k.op} {a.label()} at {a.at:.0f} s ({k.key}, {a.instance}), {during(a)}"
+                                    for a, k in slowest),
             f"keys acknowledged during the chaos: {acked_chaos}; outcomes: " +
             ", ".join(f"{s}: {n}" for s, n in sorted(ends.items())),
             f"lease keys left unfinished by the chaos: {self.lease_open}, finished by the recovery"

@@ -14,7 +14,7 @@ import soak  # noqa: E402
 t = Tap()
 s = soak.run(soak.Config(), log=t.note)
 t.note("faults, in order:")
-for line in s.fault_log:
+for line in sorted(s.fault_log):
     t.note(line)
 for line in s.figures():
     t.note(line)
