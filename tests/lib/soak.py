@@ -33,6 +33,7 @@ import os
 import random
 import signal
 import socket
+import subprocess
 import threading
 import time
 
@@ -63,7 +64,7 @@ class Config:
     SOAK_SETTLE_SECONDS); SOAK_SEED always, to replay a run's plan and
     order of faults."""
 
-    def __init__(self, keys=10000, seconds=300, seed=None, groups=24,
+    def __init__(self, keys=10000, seconds=300, seed=None, groups=40,
                  settle_seconds=300, gap=(2.0, 6.0), kill_gap=(2.0, 5.0),
                  abandon=0.15, chaos_retries=6, http_timeout=30, from_env=True):
         env = os.environ if from_env else {"SOAK_SEED": os.environ.get("SOAK_SEED")}
@@ -256,6 +257,7 @@ class Soak:
         self.fault_log = []
         self.fault_times = []      # (began, ended, what), in seconds since the chaos began
         self.api_lock = threading.Lock()   # one fault at a time on the API instances
+        self.start_failures = []   # starts that had to be tried again
         self.defects = []          # what the soak saw go wrong, as text
         self.lock = threading.Lock()
         self.cond = threading.Condition(self.lock)
@@ -416,7 +418,7 @@ class Soak:
         elif kind == "api_kill9_restart":
             api.kill9()
             time.sleep(rng.uniform(0.3, 1.5))
-            api.start()
+            self.start_again(api)
             what = f"{kind} {api.name}"
         elif kind == "api_reload":
             before = api.read_log().count("reloaded '")
@@ -428,7 +430,7 @@ class Soak:
         elif kind == "provider_down":
             self.provider.kill9()
             time.sleep(rng.uniform(2, 4))
-            self.provider.start()
+            self.start_again(self.provider)
         elif kind == "pg_restart":
             cluster("stop")
             time.sleep(rng.uniform(1, 3))
@@ -436,6 +438,23 @@ class Soak:
         self.faults[kind] += 1
         self.fault_log.append(f"{t0 - self.t0:7.1f}s {what} ({time.monotonic() - t0:.1f}s)")
         self.fault_times.append((t0 - self.t0, time.monotonic() - self.t0, what))
+
+    def start_again(self, k):
+        """Starts a server the soak killed, on its port. A start that does
+        not answer within 20 s is noted with what holds the port, and
+        tried again: the third failure is a defect."""
+        for attempt in range(3):
+            try:
+                k.start()
+                return
+            except Exception as e:
+                held = subprocess.run(["ss", "-tanp", f"( sport = :{k.port} or dport = :{k.port} )"],
+                                      capture_output=True, text=True).stdout
+                self.start_failures.append(f"{k.name} at {time.monotonic() - self.t0:.1f}s: {e!r}; "
+                                           f"port {k.port}: {held.strip()[:600]}")
+                if k.proc is not None and k.proc.poll() is None:
+                    k.kill9()
+        raise RuntimeError(f"{k.name} did not start three times")
 
     @staticmethod
     def wait(cond, seconds, interval=0.05):
@@ -482,7 +501,7 @@ class Soak:
         c = self.cfg
         self.t0 = time.monotonic()
         rate = max(len(self.roots) / c.seconds, 1e-3)
-        deadline = self.t0 + 2 * c.seconds
+        deadline = self.t0 + 3 * c.seconds
         done = threading.Event()
         injectors = [threading.Thread(target=self.inject, args=(done, kinds, gap, n), daemon=True)
                      for n, (kinds, gap) in enumerate(((OTHER_FAULTS, c.gap),
@@ -791,7 +810,7 @@ class Soak:
         checks.append(("every fault injected at least once",
                        all(self.faults[f] for f in FAULTS), dict(self.faults)))
         checks.append(("nothing went wrong in the faults themselves", not self.defects,
-                       self.defects))
+                       self.defects + self.start_failures))
         self.counts = {"doubles": len(doubles), "losses": len(losses), "differ": len(differ)}
         return checks
 
@@ -860,6 +879,9 @@ class Soak:
             f"lease keys left unfinished by the chaos: {self.lease_open}, finished by the recovery"
             f" job alone: {self.recovered} in {self.timing['recovery']:.1f} s",
             f"refunds sent only after the chaos (their payment succeeded late): {self.late_refunds}",
+            f"servers started again after a fault that did not answer within 20 s and were"
+            f" tried again: {len(self.start_failures)}" +
+            "".join(f"\n  {f}" for f in self.start_failures),
             f"doubles: {self.counts['doubles']}, losses: {self.counts['losses']}, acknowledged"
             f" answers that differ: {self.counts['differ']}",
             f"time: chaos phase {self.timing['chaos']:.1f} s, time to settle"
