@@ -1,7 +1,7 @@
 # The README's commands. Each target installs what a fresh Debian 12
 # machine lacks (as root) before it builds.
 
-.PHONY: all build prod run test test-sanitize db stop reset api provider bench deps clean
+.PHONY: all build prod run test test-sanitize soak db stop reset api provider bench deps clean
 
 all: build
 
@@ -22,6 +22,9 @@ test:
 
 test-sanitize:
 	@IDEM_TEST_FLAVOR=sanitize scripts/test
+
+soak:
+	@scripts/soak
 
 db: deps
 	@scripts/db

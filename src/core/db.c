@@ -37,6 +37,17 @@
 /* /healthz answers within a second (with the grace), whatever the pool does. */
 #define DB_HEALTH_TIMEOUT_MS	(1000 - DB_GRACE_MS)
 
+/*
+ * The calls of this worker queued for a pooled connection, oldest first:
+ * the same calls as in Kore's queue, which this module cannot reach. Kore
+ * 4.1 wakes a queued request when a connection is given back, but not when
+ * it frees one itself (an error on the socket of a connection with a query
+ * in flight: the database went away): the pool then has room and nobody
+ * is woken. This list wakes them then (queue_wake()). Empty whenever the
+ * worker holds no work, so a reload finds it empty.
+ */
+static TAILQ_HEAD(, db_call)	queued = TAILQ_HEAD_INITIALIZER(queued);
+
 static int	call_fail(struct db_call *);
 static int	call_has(struct db_call *, int);
 static void	call_release(struct db_call *);
@@ -48,6 +59,10 @@ static void	call_deadline(void *, u_int64_t);
 static void	call_abort(struct db_call *);
 static void	call_notice(void *, const PGresult *);
 static void	call_notices_restore(struct db_call *);
+static void	queue_join(struct db_call *);
+static void	queue_leave(struct db_call *);
+static void	queue_wake(const char *);
+static void	queue_requeue(struct db_call *);
 static int	call_classify(const char *);
 static char	*session_dsn(const char *);
 static void	dsn_append(struct kore_buf *, const char *, const char *);
@@ -139,14 +154,26 @@ db_call_step(struct db_call *c, const char *query, int nparams,
 				return (call_fail(c));
 			}
 
+			if (c->woken)
+				queue_requeue(c);
+			queue_leave(c);
+
 			if (!kore_pgsql_setup(&c->sql, c->dbname,
 			    KORE_PGSQL_ASYNC)) {
 				/* Queued for a free connection: woken later. */
 				if (c->sql.state == KORE_PGSQL_STATE_INIT) {
+					queue_join(c);
 					if (c->timer == NULL)
 						call_arm(c, c->timeout_ms);
 					return (DB_CALL_PENDING);
 				}
+				/*
+				 * No connection could be made (the server
+				 * refuses them): the room in the pool is still
+				 * there for the next queued call, which fails
+				 * as fast or gets a connection.
+				 */
+				queue_wake(c->dbname);
 				return (call_fail(c));
 			}
 
@@ -182,6 +209,13 @@ db_call_step(struct db_call *c, const char *query, int nparams,
 				kore_pgsql_continue(&c->sql);
 				break;
 			case KORE_PGSQL_STATE_ERROR:
+				/*
+				 * Kore freed the connection (an error on its
+				 * socket): room in the pool that Kore does not
+				 * tell the queue about.
+				 */
+				if (c->sql.conn == NULL)
+					queue_wake(c->dbname);
 				return (call_fail(c));
 			case KORE_PGSQL_STATE_COMPLETE:
 				if (c->unconfirmed) {
@@ -357,6 +391,7 @@ call_fail(struct db_call *c)
 static void
 call_release(struct db_call *c)
 {
+	queue_leave(c);
 	call_notices_restore(c);
 
 	if (c->sql.conn != NULL && PQsocket(c->sql.conn->db) < 0)
@@ -626,4 +661,67 @@ call_notices_restore(struct db_call *c)
 	if (c->sql.conn != NULL && c->notices != NULL)
 		(void)PQsetNoticeReceiver(c->sql.conn->db, c->notices, NULL);
 	c->notices = NULL;
+}
+
+static void
+queue_join(struct db_call *c)
+{
+	if (c->queued)
+		return;
+
+	TAILQ_INSERT_TAIL(&queued, c, queue);
+	c->queued = 1;
+}
+
+static void
+queue_leave(struct db_call *c)
+{
+	if (!c->queued)
+		return;
+
+	TAILQ_REMOVE(&queued, c, queue);
+	c->queued = 0;
+}
+
+/*
+ * Room in a pool that Kore wakes nobody for: the oldest request queued
+ * for that pool that still sleeps (one that Kore has woken already takes
+ * the connection it was woken for) is woken to try again.
+ */
+static void
+queue_wake(const char *dbname)
+{
+#if !defined(KORE_NO_HTTP)
+	struct db_call		*q;
+
+	TAILQ_FOREACH(q, &queued, queue) {
+		if (strcmp(q->dbname, dbname) || q->sql.req == NULL ||
+		    !(q->sql.req->flags & HTTP_REQUEST_SLEEPING))
+			continue;
+
+		queue_leave(q);
+		q->woken = 1;
+		http_request_wakeup(q->sql.req);
+		return;
+	}
+#endif
+}
+
+/*
+ * A call woken by queue_wake() is still in Kore's queue, where Kore would
+ * later wake it for a connection it no longer waits for: it leaves that
+ * queue (kore_pgsql_cleanup() takes it out, and it holds nothing else)
+ * before it tries again, and joins it anew if the pool is still full.
+ */
+static void
+queue_requeue(struct db_call *c)
+{
+#if !defined(KORE_NO_HTTP)
+	struct http_request	*req = c->sql.req;
+
+	kore_pgsql_cleanup(&c->sql);
+	kore_pgsql_init(&c->sql);
+	kore_pgsql_bind_request(&c->sql, req);
+#endif
+	c->woken = 0;
 }

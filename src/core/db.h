@@ -50,6 +50,14 @@ struct db_call {
 	/* A warning that the commit was not confirmed by the standby. */
 	int			unconfirmed;
 	PQnoticeReceiver	notices;
+
+	/*
+	 * Queued for a pooled connection (db.c's own list, beside Kore's
+	 * queue), and woken from it rather than by Kore.
+	 */
+	TAILQ_ENTRY(db_call)	queue;
+	int			queued;
+	int			woken;
 };
 
 void		db_register(void);

@@ -1,0 +1,74 @@
+"""PostgreSQL stops under more load than the pool has connections, so
+that requests wait in Kore's queue for a pooled connection. When the
+database goes, Kore itself frees the connections whose socket reports an
+error with a query in flight, and Kore 4.1 wakes no queued request then
+(only a connection given back does): the queued requests slept until
+their IDEM_DB_TIMEOUT_MS deadline, a 503 seconds late, or until a
+connection was given back after the database had returned. Found by the
+chaos soak (47_chaos_soak.py). Each such loss now wakes the oldest queued
+request, which makes a new connection, or fails at once and wakes the
+next: every request during the outage gets its 503 at once."""
+
+import os
+import sys
+import threading
+import time
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "lib"))
+from harness import Api, Tap, cluster, new_key, request, wait_until  # noqa: E402
+
+t = Tap()
+# A deadline far above what an answer should take, so that a request that
+# sleeps in the queue until it is seen as such.
+DEADLINE_MS = 8000
+api = Api(IDEM_DB_TIMEOUT_MS=DEADLINE_MS).start()
+answers = []
+stop = threading.Event()
+
+
+def load(n):
+    """Orders with fresh keys, back to back: 60 clients for 2 workers of 8
+    connections each keep a queue."""
+    while not stop.is_set():
+        started = time.monotonic()
+        try:
+            r = api.post("/v1/orders", {"customer_id": f"c-queue-{n % 5}", "amount": 1000,
+                                        "currency": "RUB"}, key=new_key("queue"), timeout=30)
+            answers.append((started, time.monotonic() - started, r.status))
+        except OSError as e:
+            answers.append((started, time.monotonic() - started, repr(e)))
+
+
+threads = [threading.Thread(target=load, args=(i,), daemon=True) for i in range(60)]
+for th in threads:
+    th.start()
+outages = []
+try:
+    for i in range(3):
+        wait_until(lambda: sum(1 for a in answers if a[2] == 201) >= 100 * (i + 1),
+                   "orders before the outage", timeout=60)
+        down = time.monotonic()
+        cluster("stop")
+        time.sleep(2)
+        cluster("start")
+        outages.append((down, time.monotonic()))
+        wait_until(lambda: request(api.port, "GET", "/healthz").status == 200,
+                   "the API to find the database again", timeout=30)
+    time.sleep(2)
+finally:
+    stop.set()
+    for th in threads:
+        th.join(30)
+    cluster("start")
+
+statuses = {a[2] for a in answers}
+t.ok(statuses <= {201, 503}, "every answer was a 201 or a 503", statuses)
+slow = sorted((round(took, 2), status) for started, took, status in answers if took > 3)
+t.eq(slow, [], f"each of {len(answers)} orders through {len(outages)} outages was answered"
+     " within 3 s, none slept in the queue for a connection")
+log = api.read_log()
+t.eq(log.count("no database connection came free"), 0,
+     "no request gave up waiting for a pooled connection")
+t.ok(sum(1 for a in answers if a[2] == 503) > 0, "the outages were seen (503s)")
+api.stop()
+t.done()
