@@ -190,8 +190,8 @@ describe(const struct provider_answer *answer, struct provider_call *call,
 		}
 		return;
 	case PROVIDER_BUSY:
-		if (curl_easy_getinfo(call->easy, CURLINFO_RETRY_AFTER,
-		    &after) == CURLE_OK && after > 0)
+		after = call->retry_after_sent;
+		if (after > 0)
 			call->retry_after = after < RETRY_AFTER_MAX ?
 			    (u_int32_t)after : RETRY_AFTER_MAX;
 		(void)snprintf(call->detail, sizeof(call->detail),
