@@ -1,7 +1,7 @@
 # The README's commands. Each target installs what a fresh Debian 12
 # machine lacks (as root) before it builds.
 
-.PHONY: all build prod run test test-sanitize db api provider bench deps clean
+.PHONY: all build prod run test test-sanitize fuzz db api provider bench deps clean
 
 all: build
 
@@ -23,6 +23,9 @@ test:
 test-sanitize:
 	@IDEM_TEST_FLAVOR=sanitize scripts/test
 
+fuzz:
+	@scripts/fuzz
+
 db: deps
 	@scripts/db
 
@@ -38,3 +41,4 @@ bench: deps
 clean:
 	kodev clean || true
 	rm -f app.so .build-flavor
+	rm -rf .fuzz
