@@ -71,7 +71,11 @@ static const struct answer_rule	rules[] = {
 	    PROBLEM_PROVIDER_UNAVAILABLE, "429, too many requests" } },
 	{ MATCH_STATUS, 400, 499, { PROVIDER_REFUSED,
 	    PROBLEM_PAYMENT_REJECTED, "any other 4xx" } },
-	{ MATCH_STATUS, 0, LONG_MAX, { PROVIDER_TRANSIENT,
+	/*
+	 * From LONG_MIN: libcurl reads three digits, but a status below 0
+	 * in a row from 0 fell through every row to the fatal() below.
+	 */
+	{ MATCH_STATUS, LONG_MIN, LONG_MAX, { PROVIDER_TRANSIENT,
 	    PROBLEM_PROVIDER_UNAVAILABLE, "anything else (5xx, 1xx, 3xx)" } },
 };
 
