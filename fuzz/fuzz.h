@@ -6,9 +6,14 @@
 #ifndef __H_FUZZ_H
 #define __H_FUZZ_H
 
+#include <sys/types.h>
+
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
+
+/* Bytes the shim's kore_realloc() copied (kore_shim.c). */
+extern size_t		kore_shim_moved;
 
 #define FUZZ_FAIL(...)		fuzz_fail(__FILE__, __LINE__, __VA_ARGS__)
 

@@ -11,6 +11,7 @@
 #include <sys/types.h>
 
 #include <errno.h>
+#include <malloc.h>
 #include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -18,6 +19,8 @@
 #include <string.h>
 
 #include <kore/kore.h>
+
+#include "fuzz.h"
 
 void
 fatal(const char *fmt, ...)
@@ -68,13 +71,31 @@ kore_calloc(size_t memb, size_t len)
 	return (p);
 }
 
+/* Bytes kore_realloc() copied, for a target to tell linear from not. */
+size_t		kore_shim_moved;
+
+/*
+ * Kore moves a block whenever its size changes; so does this, which makes
+ * a pointer kept into the old block a use after free that ASan reports,
+ * and the copying it costs countable.
+ */
 void *
 kore_realloc(void *ptr, size_t len)
 {
 	void		*p;
+	size_t		old, n;
 
-	if ((p = realloc(ptr, len)) == NULL)
-		fatal("kore_realloc(%zu): %d", len, errno);
+	if (ptr == NULL)
+		return (kore_malloc(len));
+
+	if ((old = malloc_usable_size(ptr)) == len)
+		return (ptr);
+
+	n = old < len ? old : len;
+	p = kore_malloc(len);
+	memcpy(p, ptr, n);
+	free(ptr);
+	kore_shim_moved += n;
 
 	return (p);
 }
