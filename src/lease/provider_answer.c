@@ -184,10 +184,12 @@ describe(const struct provider_answer *answer, struct provider_call *call,
 	case PROVIDER_REFUSED:
 		/* The provider's reason is what the client needs to fix. */
 		v = json_member(body, "detail");
-		if (v != NULL && v->type == JSON_STRING && v->len > 0) {
+		if (v != NULL && v->type == JSON_STRING) {
 			detail_copy(call->detail, sizeof(call->detail), v->str,
 			    v->len);
-		} else {
+		}
+		/* None, or one a NUL ends at once ("\u0000..."): say ours. */
+		if (call->detail[0] == '\0') {
 			(void)snprintf(call->detail, sizeof(call->detail),
 			    "the provider refused the %s (status %ld)", noun,
 			    call->status);
