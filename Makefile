@@ -1,7 +1,7 @@
 # The README's commands. Each target installs what a fresh Debian 12
 # machine lacks (as root) before it builds.
 
-.PHONY: all build prod run test test-sanitize soak db stop reset api provider bench deps clean
+.PHONY: all build prod run test test-sanitize soak fuzz db stop reset api provider bench deps clean
 
 all: build
 
@@ -26,6 +26,9 @@ test-sanitize:
 soak:
 	@scripts/soak
 
+fuzz:
+	@scripts/fuzz
+
 db: deps
 	@scripts/db
 
@@ -47,3 +50,4 @@ bench: deps
 clean:
 	kodev clean || true
 	rm -f app.so .build-flavor
+	rm -rf .fuzz

@@ -8,7 +8,6 @@
 #include <openssl/evp.h>
 
 #include <string.h>
-#include <strings.h>
 
 #include "auth.h"
 #include "settings.h"
@@ -136,14 +135,7 @@ token_hash(struct http_request *req, char *out)
 	if (!http_request_header(req, "authorization", &header))
 		return (KORE_RESULT_ERROR);
 
-	if (strncasecmp(header, "bearer ", 7))
-		return (KORE_RESULT_ERROR);
-
-	token = header + 7;
-	while (*token == ' ')
-		token++;
-
-	if (*token == '\0')
+	if ((token = auth_bearer_token(header)) == NULL)
 		return (KORE_RESULT_ERROR);
 
 	sha256_hex(token, strlen(token), out);

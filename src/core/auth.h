@@ -26,5 +26,6 @@ void	auth_unload(void);
 int	auth_step(struct http_request *, struct auth_lookup *, char *);
 void	auth_cleanup(struct auth_lookup *);
 void	sha256_hex(const void *, size_t, char *);
+const char	*auth_bearer_token(const char *);
 
 #endif

@@ -9,7 +9,6 @@
 
 #include <sys/types.h>
 
-#include <ctype.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -28,13 +27,9 @@ static int	admit_media_type(struct http_request *);
 static int	admit_body(struct http_request *, struct idem_request *);
 static int	admit_fields(struct http_request *, struct idem_request *);
 static int	admit_check(struct http_request *, struct idem_request *);
-static int	text_valid(const char *, size_t, size_t, size_t, int);
-static int	key_parse(const char *, char *);
 static int	header_count(struct http_request *, const char *);
 static void	fingerprint(struct idem_request *);
 static int	problem_outcome(int);
-static int	percent_decode(const char *, size_t, int, char *, size_t,
-		    size_t *);
 
 static const char	*field_rules[] = {
 	[FIELD_AMOUNT] = "an integer count of minor units from 1 to "
@@ -270,57 +265,6 @@ idem_parse_body(struct http_request *req, char *err, size_t errlen)
 }
 
 /*
- * An identifier (a customer, a recipient): 1 to 128 bytes of UTF-8
- * without control characters. A body's strings are UTF-8 already; one
- * percent-decoded from a path or a query may be any bytes, which
- * PostgreSQL would refuse as text (a 500).
- */
-int
-idem_id_valid(const char *s, size_t len)
-{
-	return (text_valid(s, len, 1, IDEM_ID_MAX, 1) &&
-	    json_utf8_valid(s, len));
-}
-
-/*
- * An Idempotency-Key is 1 to 255 visible ASCII characters, sent bare or as
- * an RFC 8941 string ("abc" means abc, with \" and \\ escapes).
- */
-static int
-key_parse(const char *value, char *out)
-{
-	size_t		len;
-	const char	*p;
-
-	len = 0;
-
-	if (*value != '"') {
-		for (p = value; *p != '\0'; p++) {
-			if (*p < 0x21 || *p > 0x7e || len == IDEM_KEY_MAX)
-				return (KORE_RESULT_ERROR);
-			out[len++] = *p;
-		}
-	} else {
-		for (p = value + 1; *p != '"'; p++) {
-			if (*p == '\\') {
-				p++;
-				if (*p != '"' && *p != '\\')
-					return (KORE_RESULT_ERROR);
-			}
-			if (*p < 0x21 || *p > 0x7e || len == IDEM_KEY_MAX)
-				return (KORE_RESULT_ERROR);
-			out[len++] = *p;
-		}
-		if (p[1] != '\0')
-			return (KORE_RESULT_ERROR);
-	}
-
-	out[len] = '\0';
-
-	return (len > 0 ? KORE_RESULT_OK : KORE_RESULT_ERROR);
-}
-
-/*
  * How many times the request carries a header. Kore's
  * http_request_header() finds the first; the service refuses a second
  * Authorization, Idempotency-Key or Content-Type rather than pick one, since
@@ -342,6 +286,7 @@ header_count(struct http_request *req, const char *name)
 	return (n);
 }
 
+/*
 /*
  * Frees the request's database call so that it can make another one.
  */
@@ -501,7 +446,7 @@ admit_key(struct http_request *req, struct idem_request *r)
 		return (KORE_RESULT_ERROR);
 	}
 
-	if (!key_parse(value, r->key)) {
+	if (!idem_key_parse(value, r->key)) {
 		(void)idem_fail(req, PROBLEM_KEY_MALFORMED, "Idempotency-Key "
 		    "must be 1 to 255 visible ASCII characters, bare or as a "
 		    "quoted RFC 8941 string");
@@ -609,58 +554,6 @@ admit_check(struct http_request *req, struct idem_request *r)
 }
 
 /*
- * Whether a member of a body (not NULL) holds what its field must hold.
- */
-int
-idem_field_check(const struct idem_field *f, struct json_value *v)
-{
-	int64_t		n;
-
-	switch (f->kind) {
-	case FIELD_AMOUNT:
-	case FIELD_REF:
-	case FIELD_POINTS_POSITIVE:
-		return (json_int64(v, &n) && n > 0 && n <= IDEM_AMOUNT_MAX);
-	case FIELD_POINTS:
-		return (json_int64(v, &n) && n != 0 &&
-		    n >= -IDEM_AMOUNT_MAX && n <= IDEM_AMOUNT_MAX);
-	case FIELD_CURRENCY:
-		return (v->type == JSON_STRING && v->len == 3 &&
-		    isupper((unsigned char)v->str[0]) &&
-		    isupper((unsigned char)v->str[1]) &&
-		    isupper((unsigned char)v->str[2]));
-	case FIELD_ID:
-		return (v->type == JSON_STRING && idem_id_valid(v->str, v->len));
-	case FIELD_TEXT:
-		return (v->type == JSON_STRING &&
-		    text_valid(v->str, v->len, 0, IDEM_TEXT_MAX, 0));
-	default:
-		fatal("%s: unknown field kind %d", __func__, f->kind);
-	}
-}
-
-/*
- * PostgreSQL text cannot hold NUL; identifiers take no control characters.
- */
-static int
-text_valid(const char *s, size_t len, size_t min, size_t max, int strict)
-{
-	size_t		i;
-	u_int8_t	ch;
-
-	if (len < min || len > max)
-		return (KORE_RESULT_ERROR);
-
-	for (i = 0; i < len; i++) {
-		ch = (u_int8_t)s[i];
-		if (ch == 0 || (strict && (ch < 0x20 || ch == 0x7f)))
-			return (KORE_RESULT_ERROR);
-	}
-
-	return (KORE_RESULT_OK);
-}
-
-/*
  * SHA-256 of the canonical JSON of the fields that define the operation;
  * the others (a client timestamp, an attempt counter) do not count. The
  * request the SQL reads its fields from, by name, is the canonical JSON
@@ -718,120 +611,32 @@ problem_outcome(int problem)
 }
 
 /*
- * The last segment of the path, percent-decoded by RFC 3986: %XX is the
- * byte XX and every other character is itself (a path has no "+ means
- * space" rule, so a customer "a+b" is /a+b or /a%2Bb). An identifier.
+ * The last segment of the path, an identifier (idem_input.c).
  */
 int
 idem_path_arg(struct http_request *req, char *out, size_t len)
 {
-	const char	*seg;
-	size_t		n;
-
-	if ((seg = strrchr(req->path, '/')) == NULL)
-		return (KORE_RESULT_ERROR);
-	seg++;
-
-	if (!percent_decode(seg, strlen(seg), 0, out, len, &n))
-		return (KORE_RESULT_ERROR);
-
-	return (idem_id_valid(out, n));
+	return (idem_path_arg_parse(req->path, out, len));
 }
 
 /*
- * The last segment of the path as an integer id (a payment's): decimal
- * digits without a sign or a leading zero, from 1 to 2^53-1, copied as
- * they are.
+ * The last segment of the path, an integer id (idem_input.c).
  */
 int
 idem_path_ref(struct http_request *req, char *out, size_t len)
 {
-	const char	*seg;
-	u_int64_t	n;
-	int		err;
-
-	if ((seg = strrchr(req->path, '/')) == NULL)
-		return (KORE_RESULT_ERROR);
-	seg++;
-
-	if (*seg < '1' || *seg > '9' || strlen(seg) > 16 ||
-	    strspn(seg, "0123456789") != strlen(seg))
-		return (KORE_RESULT_ERROR);
-
-	n = kore_strtonum64(seg, 0, &err);
-	if (err != KORE_RESULT_OK || n > (u_int64_t)IDEM_AMOUNT_MAX)
-		return (KORE_RESULT_ERROR);
-
-	return (kore_strlcpy(out, seg, len) < len);
+	return (idem_path_ref_parse(req->path, out, len));
 }
 
 /*
- * A query argument as a form encodes it (+ is a space, %XX the byte XX);
- * an identifier. The first of its name counts.
+ * A query argument, an identifier (idem_input.c).
  */
 int
 idem_query_arg(struct http_request *req, const char *name, char *out,
     size_t len)
 {
-	const char	*p, *end, *eq;
-	size_t		nlen, n;
-
 	if (req->query_string == NULL)
 		return (KORE_RESULT_ERROR);
 
-	nlen = strlen(name);
-	for (p = req->query_string; *p != '\0'; p = *end ? end + 1 : end) {
-		if ((end = strchr(p, '&')) == NULL)
-			end = p + strlen(p);
-		eq = memchr(p, '=', (size_t)(end - p));
-		if (eq == NULL || (size_t)(eq - p) != nlen ||
-		    memcmp(p, name, nlen))
-			continue;
-		if (!percent_decode(eq + 1, (size_t)(end - eq - 1), 1, out, len,
-		    &n))
-			return (KORE_RESULT_ERROR);
-		return (idem_id_valid(out, n));
-	}
-
-	return (KORE_RESULT_ERROR);
-}
-
-/*
- * Decodes len bytes of s into out (NUL-terminated, its length in *n); a
- * % without two hex digits, or a result that does not fit, is an error.
- */
-static int
-percent_decode(const char *s, size_t len, int plus, char *out,
-    size_t size, size_t *n)
-{
-	size_t		i, o;
-	char		hex[3];
-
-	hex[2] = '\0';
-	for (i = o = 0; i < len; i++) {
-		if (o + 1 >= size)
-			return (KORE_RESULT_ERROR);
-		if (s[i] == '+' && plus) {
-			out[o++] = ' ';
-			continue;
-		}
-		if (s[i] != '%') {
-			out[o++] = s[i];
-			continue;
-		}
-		if (i + 2 >= len)
-			return (KORE_RESULT_ERROR);
-		if (!isxdigit((unsigned char)s[i + 1]) ||
-		    !isxdigit((unsigned char)s[i + 2]))
-			return (KORE_RESULT_ERROR);
-		hex[0] = s[i + 1];
-		hex[1] = s[i + 2];
-		out[o++] = (char)strtoul(hex, NULL, 16);
-		i += 2;
-	}
-
-	out[o] = '\0';
-	*n = o;
-
-	return (KORE_RESULT_OK);
+	return (idem_query_arg_parse(req->query_string, name, out, len));
 }

@@ -136,8 +136,6 @@ int	idem_respond_outcome(struct http_request *);
 int	idem_read_run(struct http_request *);
 
 struct json_value	*idem_parse_body(struct http_request *, char *, size_t);
-int	idem_id_valid(const char *, size_t);
-int	idem_field_check(const struct idem_field *, struct json_value *);
 int	idem_path_arg(struct http_request *, char *, size_t);
 int	idem_path_ref(struct http_request *, char *, size_t);
 int	idem_query_arg(struct http_request *, const char *, char *, size_t);
@@ -148,5 +146,13 @@ int	idem_fail(struct http_request *, int, const char *, ...)
 	    __attribute__((format (printf, 3, 4)));
 int	idem_fail_mismatch(struct http_request *);
 int	idem_fail_db(struct http_request *, struct db_call *);
+
+/* idem_input.c: the client's bytes read without a request. */
+int	idem_key_parse(const char *, char *);
+int	idem_id_valid(const char *, size_t);
+int	idem_field_check(const struct idem_field *, struct json_value *);
+int	idem_path_arg_parse(const char *, char *, size_t);
+int	idem_path_ref_parse(const char *, char *, size_t);
+int	idem_query_arg_parse(const char *, const char *, char *, size_t);
 
 #endif

@@ -71,7 +71,11 @@ static const struct answer_rule	rules[] = {
 	    PROBLEM_PROVIDER_UNAVAILABLE, "429, too many requests" } },
 	{ MATCH_STATUS, 400, 499, { PROVIDER_REFUSED,
 	    PROBLEM_PAYMENT_REJECTED, "any other 4xx" } },
-	{ MATCH_STATUS, 0, LONG_MAX, { PROVIDER_TRANSIENT,
+	/*
+	 * From LONG_MIN: libcurl reads three digits, but a status below 0
+	 * in a row from 0 fell through every row to the fatal() below.
+	 */
+	{ MATCH_STATUS, LONG_MIN, LONG_MAX, { PROVIDER_TRANSIENT,
 	    PROBLEM_PROVIDER_UNAVAILABLE, "anything else (5xx, 1xx, 3xx)" } },
 };
 
@@ -180,18 +184,20 @@ describe(const struct provider_answer *answer, struct provider_call *call,
 	case PROVIDER_REFUSED:
 		/* The provider's reason is what the client needs to fix. */
 		v = json_member(body, "detail");
-		if (v != NULL && v->type == JSON_STRING && v->len > 0) {
+		if (v != NULL && v->type == JSON_STRING) {
 			detail_copy(call->detail, sizeof(call->detail), v->str,
 			    v->len);
-		} else {
+		}
+		/* None, or one a NUL ends at once ("\u0000..."): say ours. */
+		if (call->detail[0] == '\0') {
 			(void)snprintf(call->detail, sizeof(call->detail),
 			    "the provider refused the %s (status %ld)", noun,
 			    call->status);
 		}
 		return;
 	case PROVIDER_BUSY:
-		if (curl_easy_getinfo(call->easy, CURLINFO_RETRY_AFTER,
-		    &after) == CURLE_OK && after > 0)
+		after = call->retry_after_sent;
+		if (after > 0)
 			call->retry_after = after < RETRY_AFTER_MAX ?
 			    (u_int32_t)after : RETRY_AFTER_MAX;
 		(void)snprintf(call->detail, sizeof(call->detail),

@@ -280,6 +280,10 @@ collect_finished(void)
 		call->result = msg->data.result;
 		curl_easy_getinfo(msg->easy_handle, CURLINFO_RESPONSE_CODE,
 		    &call->status);
+		/* Kept in the call: provider_answer.c reads nothing else. */
+		if (curl_easy_getinfo(msg->easy_handle, CURLINFO_RETRY_AFTER,
+		    &call->retry_after_sent) != CURLE_OK)
+			call->retry_after_sent = 0;
 		curl_multi_remove_handle(multi, msg->easy_handle);
 		call->done = 1;
 

@@ -24,6 +24,8 @@ struct provider_call {
 	int			done;
 	CURLcode		result;
 	long			status;
+	/* The answer's Retry-After in seconds as libcurl read it, or 0. */
+	curl_off_t		retry_after_sent;
 
 	/* Woken up, or called back, when the call is done. */
 	struct http_request	*req;

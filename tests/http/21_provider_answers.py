@@ -43,6 +43,7 @@ stub = StubProvider({
     "not-found": (404, JSON, {"title": "Not Found", "detail": "unknown recipient \u00e9"}),
     "bad-request": (400, {}, b""),
     "unprocessable": (422, JSON, {"detail": "amount over the card's limit"}),
+    "nul-detail": (402, JSON, {"detail": "\u0000 after a NUL"}),
     "busy-7": (409, {"Retry-After": "7"}, {"detail": "in progress"}),
     "busy": (409, {}, b""),
     "late-408": (408, {}, b""),
@@ -98,6 +99,9 @@ t.eq(r.json().get("detail"), "unknown recipient \u00e9",
 r = api.post("/v1/payments", payment("bad-request"), key=new_key("cls"))
 t.eq(r.json().get("detail"), "the provider refused the payment (status 400)",
      "or its status when it gives none")
+r = api.post("/v1/payments", payment("nul-detail"), key=new_key("cls"))
+t.eq(r.json().get("detail"), "the provider refused the payment (status 402)",
+     "or when a NUL ends its reason at once (found by the fuzz target)")
 r = api.post("/v1/payments", payment("busy-7"), key=new_key("cls"))
 t.eq(r.headers.get("retry-after"), "7", "a provider 409: the provider's Retry-After")
 r = api.post("/v1/payments", payment("busy"), key=new_key("cls"))

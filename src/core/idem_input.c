@@ -1,0 +1,238 @@
+/*
+ * What idem.c reads from a client's bytes, as functions of those bytes
+ * alone: the Idempotency-Key, a body field, an identifier, the path and
+ * query arguments of a read. None takes a request, so that the fuzz
+ * targets (fuzz/) build them without Kore's runtime.
+ */
+
+#include <sys/types.h>
+
+#include <ctype.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "idem.h"
+
+static int	text_valid(const char *, size_t, size_t, size_t, int);
+static int	percent_decode(const char *, size_t, int, char *, size_t,
+		    size_t *);
+
+/*
+ * An identifier (a customer, a recipient): 1 to 128 bytes of UTF-8
+ * without control characters. A body's strings are UTF-8 already; one
+ * percent-decoded from a path or a query may be any bytes, which
+ * PostgreSQL would refuse as text (a 500).
+ */
+int
+idem_id_valid(const char *s, size_t len)
+{
+	return (text_valid(s, len, 1, IDEM_ID_MAX, 1) &&
+	    json_utf8_valid(s, len));
+}
+
+/*
+ * An Idempotency-Key is 1 to 255 visible ASCII characters, sent bare or as
+ * an RFC 8941 string ("abc" means abc, with \" and \\ escapes). out holds
+ * IDEM_KEY_MAX + 1 bytes.
+ */
+int
+idem_key_parse(const char *value, char *out)
+{
+	size_t		len;
+	const char	*p;
+
+	len = 0;
+
+	if (*value != '"') {
+		for (p = value; *p != '\0'; p++) {
+			if (*p < 0x21 || *p > 0x7e || len == IDEM_KEY_MAX)
+				return (KORE_RESULT_ERROR);
+			out[len++] = *p;
+		}
+	} else {
+		for (p = value + 1; *p != '"'; p++) {
+			if (*p == '\\') {
+				p++;
+				if (*p != '"' && *p != '\\')
+					return (KORE_RESULT_ERROR);
+			}
+			if (*p < 0x21 || *p > 0x7e || len == IDEM_KEY_MAX)
+				return (KORE_RESULT_ERROR);
+			out[len++] = *p;
+		}
+		if (p[1] != '\0')
+			return (KORE_RESULT_ERROR);
+	}
+
+	out[len] = '\0';
+
+	return (len > 0 ? KORE_RESULT_OK : KORE_RESULT_ERROR);
+}
+
+/*
+ * Whether a member of a body (not NULL) holds what its field must hold.
+ */
+int
+idem_field_check(const struct idem_field *f, struct json_value *v)
+{
+	int64_t		n;
+
+	switch (f->kind) {
+	case FIELD_AMOUNT:
+	case FIELD_REF:
+	case FIELD_POINTS_POSITIVE:
+		return (json_int64(v, &n) && n > 0 && n <= IDEM_AMOUNT_MAX);
+	case FIELD_POINTS:
+		return (json_int64(v, &n) && n != 0 &&
+		    n >= -IDEM_AMOUNT_MAX && n <= IDEM_AMOUNT_MAX);
+	case FIELD_CURRENCY:
+		return (v->type == JSON_STRING && v->len == 3 &&
+		    isupper((unsigned char)v->str[0]) &&
+		    isupper((unsigned char)v->str[1]) &&
+		    isupper((unsigned char)v->str[2]));
+	case FIELD_ID:
+		return (v->type == JSON_STRING && idem_id_valid(v->str, v->len));
+	case FIELD_TEXT:
+		return (v->type == JSON_STRING &&
+		    text_valid(v->str, v->len, 0, IDEM_TEXT_MAX, 0));
+	default:
+		fatal("%s: unknown field kind %d", __func__, f->kind);
+	}
+}
+
+/*
+ * The last segment of a path, percent-decoded by RFC 3986: %XX is the
+ * byte XX and every other character is itself (a path has no "+ means
+ * space" rule, so a customer "a+b" is /a+b or /a%2Bb). An identifier.
+ */
+int
+idem_path_arg_parse(const char *path, char *out, size_t len)
+{
+	const char	*seg;
+	size_t		n;
+
+	if ((seg = strrchr(path, '/')) == NULL)
+		return (KORE_RESULT_ERROR);
+	seg++;
+
+	if (!percent_decode(seg, strlen(seg), 0, out, len, &n))
+		return (KORE_RESULT_ERROR);
+
+	return (idem_id_valid(out, n));
+}
+
+/*
+ * The last segment of a path as an integer id (a payment's): decimal
+ * digits without a sign or a leading zero, from 1 to 2^53-1, copied as
+ * they are.
+ */
+int
+idem_path_ref_parse(const char *path, char *out, size_t len)
+{
+	const char	*seg;
+	u_int64_t	n;
+	int		err;
+
+	if ((seg = strrchr(path, '/')) == NULL)
+		return (KORE_RESULT_ERROR);
+	seg++;
+
+	if (*seg < '1' || *seg > '9' || strlen(seg) > 16 ||
+	    strspn(seg, "0123456789") != strlen(seg))
+		return (KORE_RESULT_ERROR);
+
+	n = kore_strtonum64(seg, 0, &err);
+	if (err != KORE_RESULT_OK || n > (u_int64_t)IDEM_AMOUNT_MAX)
+		return (KORE_RESULT_ERROR);
+
+	return (kore_strlcpy(out, seg, len) < len);
+}
+
+/*
+ * A query argument as a form encodes it (+ is a space, %XX the byte XX);
+ * an identifier. The first of its name counts.
+ */
+int
+idem_query_arg_parse(const char *query, const char *name, char *out,
+    size_t len)
+{
+	const char	*p, *end, *eq;
+	size_t		nlen, n;
+
+	nlen = strlen(name);
+	for (p = query; *p != '\0'; p = *end ? end + 1 : end) {
+		if ((end = strchr(p, '&')) == NULL)
+			end = p + strlen(p);
+		eq = memchr(p, '=', (size_t)(end - p));
+		if (eq == NULL || (size_t)(eq - p) != nlen ||
+		    memcmp(p, name, nlen))
+			continue;
+		if (!percent_decode(eq + 1, (size_t)(end - eq - 1), 1, out, len,
+		    &n))
+			return (KORE_RESULT_ERROR);
+		return (idem_id_valid(out, n));
+	}
+
+	return (KORE_RESULT_ERROR);
+}
+
+/*
+ * PostgreSQL text cannot hold NUL; identifiers take no control characters.
+ */
+static int
+text_valid(const char *s, size_t len, size_t min, size_t max, int strict)
+{
+	size_t		i;
+	u_int8_t	ch;
+
+	if (len < min || len > max)
+		return (KORE_RESULT_ERROR);
+
+	for (i = 0; i < len; i++) {
+		ch = (u_int8_t)s[i];
+		if (ch == 0 || (strict && (ch < 0x20 || ch == 0x7f)))
+			return (KORE_RESULT_ERROR);
+	}
+
+	return (KORE_RESULT_OK);
+}
+
+/*
+ * Decodes len bytes of s into out (NUL-terminated, its length in *n); a
+ * % without two hex digits, or a result that does not fit, is an error.
+ */
+static int
+percent_decode(const char *s, size_t len, int plus, char *out,
+    size_t size, size_t *n)
+{
+	size_t		i, o;
+	char		hex[3];
+
+	hex[2] = '\0';
+	for (i = o = 0; i < len; i++) {
+		if (o + 1 >= size)
+			return (KORE_RESULT_ERROR);
+		if (s[i] == '+' && plus) {
+			out[o++] = ' ';
+			continue;
+		}
+		if (s[i] != '%') {
+			out[o++] = s[i];
+			continue;
+		}
+		if (i + 2 >= len)
+			return (KORE_RESULT_ERROR);
+		if (!isxdigit((unsigned char)s[i + 1]) ||
+		    !isxdigit((unsigned char)s[i + 2]))
+			return (KORE_RESULT_ERROR);
+		hex[0] = s[i + 1];
+		hex[1] = s[i + 2];
+		out[o++] = (char)strtoul(hex, NULL, 16);
+		i += 2;
+	}
+
+	out[o] = '\0';
+	*n = o;
+
+	return (KORE_RESULT_OK);
+}
