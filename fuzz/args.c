@@ -24,6 +24,7 @@ static int	expected_arg(const char *, size_t, int, char *);
 static int	expected_ref(const char *, char *);
 static int	expected_query(const char *, char *);
 static int	hex(char);
+static int	utf8_ok(const u_int8_t *, size_t);
 
 int	LLVMFuzzerTestOneInput(const u_int8_t *, size_t);
 
@@ -72,7 +73,8 @@ LLVMFuzzerTestOneInput(const u_int8_t *data, size_t len)
 
 /*
  * An identifier percent-encoded in len bytes of s (+ a space when plus):
- * every %XX decoded, 1 to 128 bytes, none a control character or NUL.
+ * every %XX decoded, 1 to 128 bytes of UTF-8, none a control character or
+ * NUL.
  */
 static int
 expected_arg(const char *s, size_t len, int plus, char *want)
@@ -99,7 +101,52 @@ expected_arg(const char *s, size_t len, int plus, char *want)
 	}
 	want[n] = '\0';
 
-	return (n > 0);
+	return (n > 0 && utf8_ok((const u_int8_t *)want, n));
+}
+
+/*
+ * Well-formed UTF-8, decoded the long way: each sequence to its code
+ * point, which must need that many bytes (no overlong form), lie at most
+ * at U+10FFFF and not be a surrogate.
+ */
+static int
+utf8_ok(const u_int8_t *s, size_t n)
+{
+	size_t		i, k, extra;
+	u_int32_t	cp, min;
+
+	for (i = 0; i < n; i += extra + 1) {
+		if (s[i] < 0x80) {
+			extra = 0;
+			continue;
+		}
+		if ((s[i] & 0xe0) == 0xc0) {
+			extra = 1;
+			cp = s[i] & 0x1f;
+			min = 0x80;
+		} else if ((s[i] & 0xf0) == 0xe0) {
+			extra = 2;
+			cp = s[i] & 0x0f;
+			min = 0x800;
+		} else if ((s[i] & 0xf8) == 0xf0) {
+			extra = 3;
+			cp = s[i] & 0x07;
+			min = 0x10000;
+		} else {
+			return (0);
+		}
+		if (n - i <= extra)
+			return (0);
+		for (k = 1; k <= extra; k++) {
+			if ((s[i + k] & 0xc0) != 0x80)
+				return (0);
+			cp = (cp << 6) | (s[i + k] & 0x3f);
+		}
+		if (cp < min || cp > 0x10ffff || (cp >= 0xd800 && cp <= 0xdfff))
+			return (0);
+	}
+
+	return (1);
 }
 
 /* Digits from 1 to 2^53-1, no sign, no leading zero, copied as they are. */

@@ -287,7 +287,6 @@ header_count(struct http_request *req, const char *name)
 }
 
 /*
-/*
  * Frees the request's database call so that it can make another one.
  */
 void
