@@ -48,3 +48,6 @@ cluster-failover:
 
 cluster-reset:
 	@scripts/cluster-reset
+
+test-cluster:
+	@scripts/test-cluster
