@@ -145,28 +145,26 @@ autoctl_start() {
 	    >> "$CLUSTER_DIR/$name.log" 2>&1 < /dev/null &
 }
 
-# A pid and all its descendants.
-process_tree() {
-	local p
-	echo "$1"
-	for p in $(cat "/proc/$1/task/$1/children" 2>/dev/null); do
-		process_tree "$p"
-	done
-}
-
 # kill -9 of a pg_autoctl service as a crash of its machine would: its
 # process group (pg_autoctl, the postmaster) and every descendant, since
 # PostgreSQL's backends run in sessions of their own (and one that is
 # stopped, as a test holds a WAL sender, would never notice the
-# postmaster's death and would keep the shared memory).
+# postmaster's death and would keep the shared memory). The tree is read
+# from /proc without a process per step: it is a few dozen backends.
 autoctl_crash() {
-	local pgid pids p
+	local pgid p queue all kids
 	pgid=$(cat "$CLUSTER_DIR/$1.pgid")
-	pids=""
-	for p in $(ps -o pid= -g "$pgid"); do
-		pids="$pids $(process_tree "$p")"
+	queue=($(ps -o pid= -g "$pgid"))
+	all=()
+	while [ ${#queue[@]} -gt 0 ]; do
+		p=${queue[0]}
+		queue=("${queue[@]:1}")
+		all+=("$p")
+		kids=()
+		read -r -a kids < "/proc/$p/task/$p/children" 2>/dev/null || true
+		queue+=("${kids[@]}")
 	done
-	kill -KILL $pids 2>/dev/null || true
+	kill -KILL "${all[@]}" 2>/dev/null || true
 }
 
 # True while the process group saved by autoctl_start has a process.
