@@ -47,8 +47,10 @@ cluster_provider_database_url() {
 # rather than in a home directory.
 if [ "$(id -u)" -eq 0 ]; then
 	AS_PG_USER=(runuser -u postgres --)
+	PG_SUPERUSER=postgres
 else
 	AS_PG_USER=()
+	PG_SUPERUSER=$(id -un)
 fi
 
 autoctl_env() {
@@ -211,7 +213,7 @@ monitor_fast_failover() {
 }
 
 monitor_admin() {
-	psql "host=127.0.0.1 port=$CLUSTER_MONITOR_PORT dbname=pg_auto_failover user=postgres sslmode=disable" \
+	psql "host=127.0.0.1 port=$CLUSTER_MONITOR_PORT dbname=pg_auto_failover user=$PG_SUPERUSER sslmode=disable" \
 	    -XAtq -v ON_ERROR_STOP=1 -c "$1" >/dev/null
 }
 
@@ -238,7 +240,7 @@ node_start() {
 # data (the dev clients' tokens), through the multi-host URL.
 cluster_schema() {
 	local url
-	url="host=127.0.0.1 port=$(node_port "$(cluster_primary)") dbname=idem user=postgres sslmode=disable"
+	url="host=127.0.0.1 port=$(node_port "$(cluster_primary)") dbname=idem user=$PG_SUPERUSER sslmode=disable"
 	psql "$url" -XAtq -v ON_ERROR_STOP=1 <<-'EOF'
 	select 'create role idem login'
 	 where not exists (select 1 from pg_roles where rolname = 'idem')
