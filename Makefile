@@ -1,7 +1,8 @@
 # The README's commands. Each target installs what a fresh Debian 12
 # machine lacks (as root) before it builds.
 
-.PHONY: all build prod run test test-sanitize soak fuzz db stop reset api provider bench deps clean
+.PHONY: all build prod run test test-sanitize soak fuzz db stop reset api provider bench deps clean \
+	cluster cluster-failover cluster-reset test-cluster
 
 all: build
 
@@ -51,3 +52,15 @@ clean:
 	kodev clean || true
 	rm -f app.so .build-flavor
 	rm -rf .fuzz
+
+cluster: deps
+	@scripts/cluster
+
+cluster-failover:
+	@scripts/cluster-failover
+
+cluster-reset:
+	@scripts/cluster-reset
+
+test-cluster:
+	@scripts/test-cluster

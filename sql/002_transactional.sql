@@ -9,6 +9,27 @@
 --   returns table (status_code int, response text)
 -- registered with idem_operation('name', 'transactional', 'f').
 
+-- A replay answers what another transaction committed. That commit may
+-- be visible here without being on the synchronous standby yet: its wait
+-- for the standby was cancelled ("committed locally", answered 503), or
+-- the standby was dropped from synchronous_standby_names. A transaction
+-- that writes no WAL commits without waiting for anyone, even with a
+-- transaction id; one that writes a record waits until the standby has
+-- it, and with it everything before it, the replayed row included. So a
+-- replay promises only what a failover keeps; unconfirmed, it is a 503
+-- like a write's commit. The record is a transactional logical message
+-- (no table, no lock, nothing to vacuum); the cost, a WAL record and a
+-- round trip to the standby per replay.
+create or replace function idem_confirm()
+returns void
+language sql volatile as $$
+	select null::void from pg_logical_emit_message(true, 'idem', 'replay');
+$$;
+
+comment on function idem_confirm() is
+    'Makes the calling transaction write WAL, so that its commit waits for '
+    'the synchronous standby: called before answering a replay.';
+
 create or replace function tx_run(p_client text, p_key text,
     p_operation text, p_fingerprint text, p_request jsonb)
 returns table (outcome text, status_code int, response text)
@@ -18,10 +39,12 @@ declare
 	v_status	int;
 	v_response	text;
 begin
-	-- A retry of a finished key: one index lookup.
+	-- A retry of a finished key: one index lookup. Its commit waits for
+	-- the synchronous standby like a write's (idem_confirm()).
 	return query select * from idempotency_replay(p_client, p_key,
 	    p_operation, p_fingerprint);
 	if found then
+		perform idem_confirm();
 		return;
 	end if;
 
@@ -36,6 +59,7 @@ begin
 	if not found then
 		return query select * from idempotency_replay(p_client, p_key,
 		    p_operation, p_fingerprint);
+		perform idem_confirm();
 		return;
 	end if;
 

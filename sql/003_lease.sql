@@ -84,6 +84,7 @@ begin
 	return query select * from lease_answer(p_client, p_key, p_operation,
 	    p_fingerprint) a where a.outcome <> 'expired';
 	if found then
+		perform idem_confirm();
 		return;
 	end if;
 
@@ -113,6 +114,7 @@ begin
 		-- Another attempt took or finished the key meanwhile.
 		return query select * from lease_answer(p_client, p_key,
 		    p_operation, p_fingerprint);
+		perform idem_confirm();
 		return;
 	end if;
 

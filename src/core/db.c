@@ -52,6 +52,7 @@ static int	call_fail(struct db_call *);
 static int	call_has(struct db_call *, int);
 static void	call_release(struct db_call *);
 static void	call_check_connection(struct db_call *);
+static void	call_drop_connection(struct db_call *);
 static void	job_callback(struct kore_pgsql *, void *);
 static void	call_arm(struct db_call *, u_int32_t);
 static void	call_disarm(struct db_call *);
@@ -376,6 +377,9 @@ call_fail(struct db_call *c)
 		c->result = NULL;
 	}
 
+	if (c->error == DB_ERROR_READ_ONLY)
+		call_drop_connection(c);
+
 	call_release(c);
 	c->phase = DB_PHASE_FAILED;
 
@@ -418,6 +422,34 @@ call_check_connection(struct db_call *c)
 
 	kore_log(LOG_NOTICE, "reconnecting a broken database connection");
 	PQreset(conn);
+}
+
+/*
+ * A connection to a node that no longer takes writes (a primary demoted
+ * without a restart, a standby) would refuse every write for as long as it
+ * stays in Kore's pool. Its socket is shut down, so that the check above
+ * makes it again before its next use: libpq then tries every host of the
+ * connection string and keeps the one that takes writes
+ * (target_session_attrs=read-write).
+ */
+static void
+call_drop_connection(struct db_call *c)
+{
+	int		fd;
+
+	if (c->sql.conn == NULL)
+		return;
+
+	kore_log(LOG_NOTICE, "the database refused a write: dropping the "
+	    "connection to find the primary again");
+
+	fd = PQsocket(c->sql.conn->db);
+	if (fd >= 0) {
+		if (c->sql.flags & KORE_PGSQL_SCHEDULED)
+			kore_platform_disable_read(fd);
+		(void)shutdown(fd, SHUT_RDWR);
+	}
+	c->sql.flags &= ~KORE_PGSQL_SCHEDULED;
 }
 
 static void

@@ -1,0 +1,304 @@
+# Shared by make cluster, make cluster-failover and make test-cluster;
+# sourced, not run. The production topology on one machine: a
+# pg_auto_failover monitor and two PostgreSQL nodes (a primary and a
+# synchronous standby), a plain PostgreSQL for the fake provider (a real
+# provider does not fail over with us), the fake provider, API instances
+# and haproxy in front of them. Everything listens on 127.0.0.1 and lives
+# in $CLUSTER_DIR (.cluster/ under the project by default, git-ignored).
+
+. "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+
+CLUSTER_DIR=${IDEM_CLUSTER_DIR:-$ROOT/.cluster}
+# PostgreSQL ports: the monitor, node1, node2, the provider's database.
+# Below 32768, where no client's ephemeral port can take them.
+CLUSTER_PGPORT=${IDEM_CLUSTER_PGPORT:-15430}
+CLUSTER_MONITOR_PORT=$CLUSTER_PGPORT
+CLUSTER_PROVIDER_PGPORT=$((CLUSTER_PGPORT + 3))
+CLUSTER_NODES="node1 node2"
+# API instance i listens on CLUSTER_API_PORT + i; haproxy on IDEM_PORT.
+CLUSTER_API_PORT=${IDEM_CLUSTER_API_PORT:-8900}
+CLUSTER_INSTANCES=${IDEM_INSTANCES:-2}
+CLUSTER_PORT=${IDEM_PORT:-8888}
+CLUSTER_PROVIDER_PORT=${IDEM_PROVIDER_PORT:-8889}
+
+node_port() {
+	case "$1" in
+	node1) echo $((CLUSTER_PGPORT + 1)) ;;
+	node2) echo $((CLUSTER_PGPORT + 2)) ;;
+	*) echo "no node $1" >&2; return 1 ;;
+	esac
+}
+
+# One connection string for every API instance, whichever node is primary:
+# libpq tries the hosts in turn and keeps the one that takes writes.
+cluster_database_url() {
+	echo "host=127.0.0.1,127.0.0.1" \
+	    "port=$(node_port node1),$(node_port node2) dbname=idem user=idem" \
+	    "target_session_attrs=read-write sslmode=disable" \
+	    "gssencmode=disable connect_timeout=2"
+}
+
+cluster_provider_database_url() {
+	cluster_url "$CLUSTER_PROVIDER_PGPORT"
+}
+
+# The environment of pg_autoctl: as postgres when run as root (it refuses
+# root), with its state (HOME, XDG folders) in the cluster's folder
+# rather than in a home directory.
+if [ "$(id -u)" -eq 0 ]; then
+	AS_PG_USER=(runuser -u postgres --)
+	PG_SUPERUSER=postgres
+else
+	AS_PG_USER=()
+	PG_SUPERUSER=$(id -un)
+fi
+
+autoctl_env() {
+	"${AS_PG_USER[@]}" env "$@"
+}
+
+autoctl() {
+	autoctl_env HOME="$CLUSTER_DIR/home" \
+	    XDG_CONFIG_HOME="$CLUSTER_DIR/home/.config" \
+	    XDG_DATA_HOME="$CLUSTER_DIR/home/.local/share" \
+	    XDG_RUNTIME_DIR="$CLUSTER_DIR/run" \
+	    PATH="$(pg_bin):/usr/bin:/bin" PGCONNECT_TIMEOUT=2 \
+	    pg_autoctl "$@"
+}
+
+monitor_url() {
+	echo "postgres://autoctl_node@127.0.0.1:$CLUSTER_MONITOR_PORT/pg_auto_failover?sslmode=disable"
+}
+
+# psql to the monitor's database as postgres (the node state).
+monitor_sql() {
+	psql "host=127.0.0.1 port=$CLUSTER_MONITOR_PORT dbname=pg_auto_failover user=autoctl_node sslmode=disable" \
+	    -XAtq -c "$1"
+}
+
+# The state the monitor last saw a node in (primary, secondary, ...).
+node_state() {
+	monitor_sql "select reportedstate from pgautofailover.node where nodename = '$1'" 2>/dev/null
+}
+
+node_goal() {
+	monitor_sql "select goalstate from pgautofailover.node where nodename = '$1'" 2>/dev/null
+}
+
+cluster_primary() {
+	monitor_sql "select nodename from pgautofailover.node where reportedstate = 'primary' and goalstate = 'primary'" 2>/dev/null
+}
+
+# Waits up to $3 seconds until node $1 reports state $2 and has it as goal.
+wait_node_state() {
+	local node=$1 state=$2 i
+	for i in $(seq 1 $((${3:-120} * 2))); do
+		if [ "$(node_state "$node")" = "$state" ] &&
+		    [ "$(node_goal "$node")" = "$state" ]; then
+			return 0
+		fi
+		sleep 0.5
+	done
+	echo "$node did not reach $state (it is $(node_state "$node")," \
+	    "going to $(node_goal "$node"))" >&2
+	return 1
+}
+
+# Small memory settings on this shared machine; pg_autoctl writes a
+# quarter of the RAM into every instance. Appended after its include,
+# so that they win.
+pg_small_settings() {
+	local conf=$1/postgresql.conf
+	grep -q "^# idem cluster" "$conf" && return 0
+	cat >> "$conf" <<-EOF
+	# idem cluster: small instances on one machine
+	shared_buffers = 128MB
+	effective_cache_size = 256MB
+	wal_keep_size = 256MB
+	max_connections = 200
+	EOF
+}
+
+# Connections from loopback for the API's role, besides pg_autoctl's own
+# rules.
+pg_loopback_hba() {
+	local hba=$1/pg_hba.conf
+	grep -q "^# idem cluster" "$hba" && return 0
+	cat >> "$hba" <<-EOF
+	# idem cluster: the API and the migrations, on loopback
+	host all all 127.0.0.1/32 trust
+	EOF
+}
+
+# Starts a pg_autoctl service (the monitor or a node) in a process group
+# of its own, whose id is saved in $CLUSTER_DIR/<name>.pgid: killing that
+# group kills pg_autoctl and its postmaster together, as a crash of the
+# machine would.
+autoctl_start() {
+	local name=$1
+	setsid bash -c 'echo $$ > "$1"; shift; exec "$@"' _ \
+	    "$CLUSTER_DIR/$name.pgid" "${AS_PG_USER[@]}" env \
+	    HOME="$CLUSTER_DIR/home" \
+	    XDG_CONFIG_HOME="$CLUSTER_DIR/home/.config" \
+	    XDG_DATA_HOME="$CLUSTER_DIR/home/.local/share" \
+	    XDG_RUNTIME_DIR="$CLUSTER_DIR/run" \
+	    PATH="$(pg_bin):/usr/bin:/bin" PGCONNECT_TIMEOUT=2 \
+	    pg_autoctl run --pgdata "$CLUSTER_DIR/$name" \
+	    >> "$CLUSTER_DIR/$name.log" 2>&1 < /dev/null &
+}
+
+# kill -9 of a pg_autoctl service as a crash of its machine would: its
+# process group (pg_autoctl, the postmaster) and every descendant, since
+# PostgreSQL's backends run in sessions of their own (and one that is
+# stopped, as a test holds a WAL sender, would never notice the
+# postmaster's death and would keep the shared memory). The tree is read
+# from /proc without a process per step: it is a few dozen backends.
+autoctl_crash() {
+	local pgid p queue all kids
+	pgid=$(cat "$CLUSTER_DIR/$1.pgid")
+	queue=($(ps -o pid= -g "$pgid"))
+	all=()
+	while [ ${#queue[@]} -gt 0 ]; do
+		p=${queue[0]}
+		queue=("${queue[@]:1}")
+		all+=("$p")
+		kids=()
+		read -r -a kids < "/proc/$p/task/$p/children" 2>/dev/null || true
+		queue+=("${kids[@]}")
+	done
+	kill -KILL "${all[@]}" 2>/dev/null || true
+}
+
+# True while the process group saved by autoctl_start has a process.
+autoctl_running() {
+	local pgid
+	pgid=$(cat "$CLUSTER_DIR/$1.pgid" 2>/dev/null) || return 1
+	[ -n "$pgid" ] && kill -0 -- "-$pgid" 2>/dev/null
+}
+
+# The monitor: created on the first run. With IDEM_CLUSTER_FAST_FAILOVER=1
+# (the tests), the health checks and timeouts of shared/HA-NOTES.md that
+# bring an unplanned failover from ~50 s to ~9 s.
+monitor_start() {
+	local d=$CLUSTER_DIR/monitor
+	if [ ! -f "$d/PG_VERSION" ]; then
+		autoctl create monitor --pgdata "$d" \
+		    --pgport "$CLUSTER_MONITOR_PORT" --hostname 127.0.0.1 \
+		    --auth trust --no-ssl >> "$CLUSTER_DIR/monitor.log" 2>&1
+		autoctl config set --pgdata "$d" \
+		    postgresql.listen_addresses 127.0.0.1 >/dev/null
+		pg_small_settings "$d"
+		pg_loopback_hba "$d"
+	fi
+	autoctl_running monitor || autoctl_start monitor
+	local i
+	for i in $(seq 1 120); do
+		monitor_sql "select 1" >/dev/null 2>&1 && break
+		sleep 0.5
+	done
+	monitor_sql "select 1" >/dev/null
+	if [ "${IDEM_CLUSTER_FAST_FAILOVER:-0}" = 1 ]; then
+		monitor_fast_failover
+	fi
+}
+
+monitor_fast_failover() {
+	local s
+	for s in health_check_period=1000 health_check_timeout=1000 \
+	    health_check_max_retries=1 health_check_retry_delay=500 \
+	    node_considered_unhealthy_timeout=3000 primary_demote_timeout=5000; do
+		monitor_admin "alter system set pgautofailover.${s%%=*} = ${s#*=}"
+	done
+	monitor_admin "select pg_reload_conf()"
+}
+
+monitor_admin() {
+	psql "host=127.0.0.1 port=$CLUSTER_MONITOR_PORT dbname=pg_auto_failover user=$PG_SUPERUSER sslmode=disable" \
+	    -XAtq -v ON_ERROR_STOP=1 -c "$1" >/dev/null
+}
+
+# A node: created on the first run (the second one is a base backup of
+# the primary, made by pg_autoctl), then run.
+node_start() {
+	local name=$1 d=$CLUSTER_DIR/$1
+	if [ ! -f "$d/PG_VERSION" ]; then
+		autoctl create postgres --pgdata "$d" --pgport "$(node_port "$name")" \
+		    --hostname 127.0.0.1 --listen 127.0.0.1 --name "$name" \
+		    --dbname idem --auth trust --no-ssl \
+		    --monitor "$(monitor_url)" >> "$CLUSTER_DIR/$name.log" 2>&1
+		pg_small_settings "$d"
+		pg_loopback_hba "$d"
+		if [ "${IDEM_CLUSTER_FAST_FAILOVER:-0}" = 1 ]; then
+			autoctl config set --pgdata "$d" \
+			    timeout.network_partition_timeout 3 >/dev/null
+		fi
+	fi
+	autoctl_running "$name" || autoctl_start "$name"
+}
+
+# The role and database the API uses, then the migrations and the dev
+# data (the dev clients' tokens), through the multi-host URL.
+cluster_schema() {
+	local url
+	url="host=127.0.0.1 port=$(node_port "$(cluster_primary)") dbname=idem user=$PG_SUPERUSER sslmode=disable"
+	psql "$url" -XAtq -v ON_ERROR_STOP=1 <<-'EOF'
+	select 'create role idem login'
+	 where not exists (select 1 from pg_roles where rolname = 'idem')
+	\gexec
+	alter database idem owner to idem;
+	alter schema public owner to idem;
+	EOF
+	migrate "$(cluster_database_url)" >/dev/null
+	load_dev_data "$(cluster_database_url)" >/dev/null
+	migrate "$(cluster_provider_database_url)" >/dev/null
+	load_dev_data "$(cluster_provider_database_url)" >/dev/null
+}
+
+# Starts the monitor and both nodes and waits for a primary and a
+# synchronous standby.
+cluster_databases_start() {
+	mkdir -p "$CLUSTER_DIR/home" "$CLUSTER_DIR/run"
+	chmod 755 "$CLUSTER_DIR"
+	chmod 700 "$CLUSTER_DIR/run"
+	if [ "$(id -u)" -eq 0 ]; then
+		# pg_autoctl creates its data folders itself.
+		chown postgres:postgres "$CLUSTER_DIR" "$CLUSTER_DIR/home" \
+		    "$CLUSTER_DIR/run"
+	fi
+
+	monitor_start
+	node_start node1
+	if [ ! -f "$CLUSTER_DIR/node2/PG_VERSION" ]; then
+		wait_node_state node1 single 120
+	fi
+	node_start node2
+	local i p
+	for i in $(seq 1 240); do
+		p=$(cluster_primary)
+		if [ -n "$p" ] && [ "$(node_state node1)" != "$(node_state node2)" ] &&
+		    { [ "$(node_state node1)" = secondary ] ||
+		      [ "$(node_state node2)" = secondary ]; }; then
+			break
+		fi
+		sleep 0.5
+	done
+	[ -n "$(cluster_primary)" ] || { echo "no primary" >&2; return 1; }
+	cluster_start "$CLUSTER_DIR/provider-db" "$CLUSTER_PROVIDER_PGPORT"
+}
+
+# Stops every pg_autoctl service and the provider's database; the data
+# stays.
+cluster_databases_stop() {
+	local name pgid i
+	for name in $CLUSTER_NODES monitor; do
+		autoctl_running "$name" || continue
+		pgid=$(cat "$CLUSTER_DIR/$name.pgid")
+		kill -TERM -- "-$pgid" 2>/dev/null || true
+		for i in $(seq 1 60); do
+			autoctl_running "$name" || break
+			sleep 0.5
+		done
+		kill -KILL -- "-$pgid" 2>/dev/null || true
+	done
+	cluster_stop "$CLUSTER_DIR/provider-db"
+}
