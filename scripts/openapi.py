@@ -364,7 +364,6 @@ AUTHED = [(["unauthorized"],),
           (["database-unavailable"], (), True)]
 WRITE = [(["idempotency-key-missing", "idempotency-key-malformed",
            "invalid-json", "invalid-request"],),
-         (["body-too-large"],),
          (["unsupported-media-type"],),
          (["idempotency-key-reused"],)]
 
@@ -388,6 +387,11 @@ def write_op(summary, desc, req, ok, resp, extra):
             merged[status] = (list(slugs), tuple(rest[0] if rest else ()),
                               rest[1] if len(rest) > 1 else ())
     responses.update(problems(*merged.values()))
+    # Past 64 KiB Kore answers before the service sees the request (its
+    # http_body_max is the service's limit): a bare 413, no body.
+    responses["413"] = {"description": "The body is larger than 64 KiB: "
+                        "Kore's own answer, with no body and Connection: "
+                        "close (see the README)."}
     return {"summary": summary, "description": desc,
             "parameters": [KEY_PARAM],
             "requestBody": {"required": True, "content": {

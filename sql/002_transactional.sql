@@ -19,11 +19,17 @@
 -- replay promises only what a failover keeps; unconfirmed, it is a 503
 -- like a write's commit. The record is a transactional logical message
 -- (no table, no lock, nothing to vacuum); the cost, a WAL record and a
--- round trip to the standby per replay.
+-- round trip to the standby per replay. Without a synchronous standby
+-- there is nothing to wait for, and no record is written (no flush per
+-- replay on a single server).
 create or replace function idem_confirm()
 returns void
-language sql volatile as $$
-	select null::void from pg_logical_emit_message(true, 'idem', 'replay');
+language plpgsql volatile as $$
+begin
+	if current_setting('synchronous_standby_names') <> '' then
+		perform pg_logical_emit_message(true, 'idem', 'replay');
+	end if;
+end;
 $$;
 
 comment on function idem_confirm() is
