@@ -116,7 +116,7 @@ try:
               " fingerprint, status, status_code, response, finished_at) values"
               f" ('shop-1', {quote(key)}, 'orders.create',"
               f" {quote(fingerprint({'customer_id': 'c-waits', 'amount': 700, 'currency': 'RUB'}))},"
-              """ 'done', 201, '{"order_id":0}', now());""")
+              """ 'done', 201, '{"order_id":1,"customer_id":"c-waits","amount":700,"currency":"RUB","bonus_points":7}', now());""")
     dup = Background(strict.post, "/v1/orders", {"customer_id": "c-waits", "amount": 700,
                                                   "currency": "RUB"}, key=key)
     wait_until(lambda: int(sql_value(
@@ -125,7 +125,7 @@ try:
     first.run("commit;")
     first.close()
     r = dup.wait(30)
-    t.ok(r.status == 201 and r.replayed and r.body == b'{"order_id":0}',
+    t.ok(r.status == 201 and r.replayed and r.body == b'{"order_id":1,"customer_id":"c-waits","amount":700,"currency":"RUB","bonus_points":7}',
          "under a REPEATABLE READ default the waiting duplicate still replays", r)
     strict.stop()
 finally:
