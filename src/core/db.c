@@ -46,7 +46,9 @@
  * is woken. This list wakes them then (queue_wake()). Empty whenever the
  * worker holds no work, so a reload finds it empty.
  */
-static TAILQ_HEAD(, db_call)	queued = TAILQ_HEAD_INITIALIZER(queued);
+TAILQ_HEAD(db_call_list, db_call);
+
+static struct db_call_list	queued = TAILQ_HEAD_INITIALIZER(queued);
 
 static int	call_fail(struct db_call *);
 static int	call_has(struct db_call *, int);

@@ -108,18 +108,15 @@ provider_answer_classify(struct provider_call *call, const char *id,
 	}
 
 	for (i = 0; i < sizeof(rules) / sizeof(rules[0]); i++) {
-		if (rule_matches(&rules[i], call, body, id))
-			break;
+		if (rule_matches(&rules[i], call, body, id)) {
+			describe(&rules[i].answer, call, body, id, noun);
+			json_free(body);
+			return (&rules[i].answer);
+		}
 	}
 
 	/* The last row matches any status: only a broken table gets here. */
-	if (i == sizeof(rules) / sizeof(rules[0]))
-		fatal("%s: no class for status %ld", __func__, call->status);
-
-	describe(&rules[i].answer, call, body, id, noun);
-	json_free(body);
-
-	return (&rules[i].answer);
+	fatal("%s: no class for status %ld", __func__, call->status);
 }
 
 /*

@@ -65,7 +65,9 @@ try:
     wait_until(lambda: sql_value("select status from idempotency_keys where"
                                  f" idem_key = {quote(key)}") == "done",
                "the cancelled commit to be visible")
-    t.ok(True, "its row is committed locally, not confirmed by any standby")
+    t.eq(sql_value("select status_code from idempotency_keys where"
+                   f" idem_key = {quote(key)}"), "201",
+         "its row is committed locally with a 201, not confirmed by any standby")
     again = api.post("/v1/orders", order, key=key)
     t.ok(retryable(again), "its retry is not answered 201 from that row while "
          "the standby has not confirmed it: 503", again)
