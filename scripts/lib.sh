@@ -90,3 +90,20 @@ apply_sql() {
 load_dev_data() {
 	apply_sql "$1" "$ROOT"/dev/*.sql
 }
+
+# Ctrl-C in a terminal signals its whole foreground process group: make as
+# well as the script it runs, and make then reports the interrupt ("***
+# Interrupt", status 130) whatever the script does. So a script started in
+# a terminal's foreground runs itself again as a job of its own (set -m),
+# which the terminal then signals alone: make only sees it exit, with the
+# status it chose. Ctrl-Z is ignored there (stopping that job would leave
+# make waiting on nothing). Called as: run_alone_in_terminal "$0" "$@".
+run_alone_in_terminal() {
+	local pgid tpgid
+	[ -z "${IDEM_ALONE_IN_TERMINAL:-}" ] || { trap '' TSTP; return 0; }
+	read -r pgid tpgid < <(ps -o pgid=,tpgid= -p $$) || return 0
+	[ "$pgid" = "$tpgid" ] || return 0
+	export IDEM_ALONE_IN_TERMINAL=1
+	set -m
+	"$@" && exit 0 || exit $?
+}

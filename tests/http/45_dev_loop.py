@@ -1,15 +1,24 @@
 """The dev loop: `make run` (scripts/run) watches the sources; an edited .c
 or .h file is built and loaded into the running processes by a reload, with
 the same workers and the same database; a build or a migration that fails
-leaves the old code serving; Ctrl-C stops the stack with exit status 0.
+leaves the old code serving; Ctrl-C stops the stack, and `make run` ends
+with exit status 0.
+
+`make run` runs in a terminal of its own (a pseudo-terminal), as a user
+runs it: Ctrl-C there signals the terminal's foreground process group,
+which holds make too.
 
 Runs on a copy of the tree, so that the edits touch nothing of the repo."""
 
+import fcntl
 import os
+import pty
 import shutil
 import signal
 import subprocess
 import sys
+import termios
+import threading
 import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "lib"))
@@ -35,13 +44,37 @@ env = dict(os.environ, IDEM_DATABASE_URL=DB_URL, IDEM_PORT=str(port),
            IDEM_RECOVERY_AFTER_SECONDS="604800",
            IDEM_CLEANUP_INTERVAL_SECONDS="86400")
 logpath = os.path.join(TMP, "devloop.log")
-log = open(logpath, "w")
-run = subprocess.Popen(["bash", "scripts/run"], cwd=copy, env=env, stdout=log,
-                       stderr=subprocess.STDOUT, start_new_session=True)
+log = open(logpath, "wb", buffering=0)
+terminal, tty = pty.openpty()
+
+
+def take_terminal():
+    # A session of its own, whose controlling terminal is the pty.
+    fcntl.ioctl(0, termios.TIOCSCTTY, 0)
+
+
+run = subprocess.Popen(["make", "-s", "run"], cwd=copy, env=env, stdin=tty, stdout=tty,
+                       stderr=tty, start_new_session=True, preexec_fn=take_terminal)
+os.close(tty)
+
+
+def copy_terminal():
+    while True:
+        try:
+            data = os.read(terminal, 4096)
+        except OSError:
+            return
+        if not data:
+            return
+        log.write(data)
+
+
+reader = threading.Thread(target=copy_terminal, daemon=True)
+reader.start()
 
 
 def output():
-    with open(logpath) as f:
+    with open(logpath, errors="replace") as f:
         return f.read()
 
 
@@ -128,22 +161,28 @@ try:
                timeout=90)
     t.eq(workers(), before, "the same workers after all three edits")
 finally:
-    # Ctrl-C: SIGINT to the whole foreground group.
+    # Ctrl-C, typed in make run's terminal.
     pids = []
     try:
         pids = workers()
     except (OSError, ValueError):
         pass
     if run.poll() is None:
-        os.killpg(run.pid, signal.SIGINT)
+        os.write(terminal, b"\x03")
     try:
         status = run.wait(60)
     except subprocess.TimeoutExpired:
         os.killpg(run.pid, signal.SIGKILL)
+        for p in pids:
+            if alive(p):
+                os.kill(p, signal.SIGKILL)
         status = run.wait(10)
+    reader.join(5)
 
 t.ok(status == 0, "Ctrl-C stops make run with exit status 0",
      f"status {status}\n" + output()[-1500:])
+t.ok("Interrupt" not in output() and "Error" not in output().split("stopped")[-1],
+     "and make reports no interrupt or error", output()[-800:])
 time.sleep(0.5)
 t.ok(not answers(), "and the API with it")
 t.ok(not any(alive(p) for p in pids), "no worker is left behind")
