@@ -186,5 +186,27 @@ t.ok("Interrupt" not in output() and "Error" not in output().split("stopped")[-1
 time.sleep(0.5)
 t.ok(not answers(), "and the API with it")
 t.ok(not any(alive(p) for p in pids), "no worker is left behind")
+
+# kodev as Kore users run it, in the checkout make built once: kodev build
+# compiles an edited .c file, and kodev run serves it (kodev names the
+# application after the directory: make build linked conf/devloop.conf).
+edit("src/core/problem.c", '"No such resource again"', '"No such resource by kodev"')
+built = subprocess.run(["kodev", "build"], cwd=copy, env=env, capture_output=True, text=True)
+t.ok(built.returncode == 0 and "problem.c" in built.stdout + built.stderr,
+     "kodev build compiles the edited file", built.stdout + built.stderr)
+kodev = subprocess.Popen(["kodev", "run"], cwd=copy, env=env, stdout=subprocess.DEVNULL,
+                         stderr=subprocess.STDOUT, start_new_session=True)
+try:
+    wait_until(lambda: kodev.poll() is not None or answers(), "kodev run to serve",
+               timeout=120)
+    t.eq(title(), "No such resource by kodev", "kodev run serves it")
+finally:
+    os.killpg(kodev.pid, signal.SIGINT)
+    try:
+        kodev.wait(30)
+    except subprocess.TimeoutExpired:
+        os.killpg(kodev.pid, signal.SIGKILL)
+        kodev.wait(10)
+t.ok(not answers(), "and stops on Ctrl-C")
 shutil.rmtree(copy, ignore_errors=True)
 t.done()
