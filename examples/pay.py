@@ -56,7 +56,7 @@ def parse_args(argv):
                    "key of an earlier run, with its body, to finish that payment")
     p.add_argument("--timeout", type=float, default=15.0,
                    help="seconds one attempt may take (default: %(default)s)")
-    p.add_argument("--max-attempts", type=int, default=8)
+    p.add_argument("--max-attempts", type=int, default=10)
     p.add_argument("--deadline", type=float, default=120.0,
                    help="seconds for all attempts and waits (default: %(default)s)")
     p.add_argument("--base-delay", type=float, default=0.5,
