@@ -1,7 +1,7 @@
 # The README's commands. Each target installs what a fresh Debian 12
 # machine lacks (as root) before it builds.
 
-.PHONY: all build prod run test test-sanitize soak fuzz db stop reset api provider bench deps clean \
+.PHONY: all build prod run demo test test-sanitize soak fuzz db stop reset api provider bench deps clean \
 	cluster cluster-failover cluster-reset test-cluster
 
 all: build
@@ -17,6 +17,9 @@ prod: deps
 
 run: deps
 	@scripts/run
+
+demo: deps
+	@scripts/demo
 
 test:
 	@scripts/test
