@@ -129,12 +129,17 @@ create or replace function idem_operation(p_operation text, p_strategy text,
     p_run regproc, p_admit regproc default null,
     p_recover boolean default true)
 returns void
-language sql as $$
+language plpgsql as $$
+begin
 	insert into idem_operations (operation, strategy, run, admit, recover)
 	values (p_operation, p_strategy, p_run::text, p_admit::text, p_recover)
 	on conflict (operation) do update
 	   set strategy = excluded.strategy, run = excluded.run,
 	       admit = excluded.admit, recover = excluded.recover;
+	-- The transactional strategy calls its operations through a function
+	-- written from this table (002_transactional.sql).
+	perform idem_tx_dispatch_build();
+end;
 $$;
 
 comment on function idem_operation(text, text, regproc, regproc, boolean) is

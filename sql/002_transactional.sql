@@ -36,12 +36,54 @@ comment on function idem_confirm() is
     'Makes the calling transaction write WAL, so that its commit waits for '
     'the synchronous standby: called before answering a replay.';
 
+-- The dispatcher of the transactional operations: one static call per
+-- registered operation, written by idem_tx_dispatch_build() whenever
+-- idem_operation() registers one. tx_run() calls it rather than looking
+-- the function up and running it with EXECUTE, which PostgreSQL would
+-- parse and plan again on every request; each call here is a statement
+-- whose plan the session keeps.
+create or replace function idem_tx_dispatch_build()
+returns void
+language plpgsql as $$
+declare
+	v_calls		text := '';
+	v_op		record;
+begin
+	for v_op in select o.operation, o.run::regproc as run
+		      from idem_operations o
+		     where o.strategy = 'transactional'
+		     order by o.operation loop
+		v_calls := v_calls || format($c$	if p_operation = %L then
+		return query select * from %s(p_client, p_key, p_request);
+		return;
+	end if;
+$c$, v_op.operation, v_op.run);
+	end loop;
+
+	execute format($f$
+create or replace function idem_tx_dispatch(p_operation text, p_client text,
+    p_key text, p_request jsonb)
+returns table (status_code int, response text)
+language plpgsql as $body$
+begin
+%s	raise exception 'no transactional operation %%', p_operation;
+end;
+$body$
+$f$, v_calls);
+end;
+$$;
+
+comment on function idem_tx_dispatch_build() is
+    'Writes idem_tx_dispatch(), the static calls of the registered '
+    'transactional operations; run by idem_operation().';
+
+select idem_tx_dispatch_build();
+
 create or replace function tx_run(p_client text, p_key text,
     p_operation text, p_fingerprint text, p_request jsonb)
 returns table (outcome text, status_code int, response text)
 language plpgsql as $$
 declare
-	v_run		regproc;
 	v_status	int;
 	v_response	text;
 begin
@@ -69,16 +111,12 @@ begin
 		return;
 	end if;
 
-	select o.run into v_run
-	  from idem_operations o
-	 where o.operation = p_operation and o.strategy = 'transactional';
-	if v_run is null then
-		raise exception 'no transactional operation %', p_operation;
-	end if;
+	-- The operation's business writes; an unregistered operation raises.
+	select d.status_code, d.response into v_status, v_response
+	  from idem_tx_dispatch(p_operation, p_client, p_key, p_request) d;
 
-	execute format('select status_code, response from %s($1, $2, $3)',
-	    v_run) into v_status, v_response using p_client, p_key, p_request;
-
+	-- The row this transaction inserted: a HOT update (no index covers
+	-- these columns).
 	update idempotency_keys k
 	   set status = 'done', status_code = v_status, response = v_response,
 	       finished_at = now()
