@@ -79,9 +79,21 @@ comment on function idem_tx_dispatch_build() is
 
 select idem_tx_dispatch_build();
 
+do $$
+begin
+	-- Made before age_ms: a function's columns cannot be replaced.
+	if exists (select 1 from pg_proc
+		    where proname = 'tx_run'
+		      and not 'age_ms' = any(coalesce(proargnames, '{}'))) then
+		drop function tx_run(text, text, text, text, jsonb);
+	end if;
+end;
+$$;
+
 create or replace function tx_run(p_client text, p_key text,
     p_operation text, p_fingerprint text, p_request jsonb)
-returns table (outcome text, status_code int, response text)
+returns table (outcome text, status_code int, response text,
+    age_ms bigint)
 language plpgsql as $$
 declare
 	v_status	int;
@@ -122,7 +134,10 @@ begin
 	       finished_at = now()
 	 where k.client_id = p_client and k.idem_key = p_key;
 
-	return query select 'created'::text, v_status, v_response;
+	-- The key's age, counted from this transaction's start (its
+	-- created_at), as a replay would count it.
+	return query select 'created'::text, v_status, v_response,
+	    (extract(epoch from clock_timestamp() - now()) * 1000)::bigint;
 end;
 $$;
 

@@ -21,6 +21,7 @@
 #include "problem.h"
 #include "provider_client.h"
 #include "reload.h"
+#include "replay_cache.h"
 #include "dev.h"
 #include "operations.h"
 #include "settings.h"
@@ -134,6 +135,7 @@ api_init(int state)
 		wakeup_stop();
 		provider_client_unload();
 		auth_unload();
+		replay_cache_unload();
 		settings_unload();
 		return (KORE_RESULT_OK);
 	}
@@ -142,6 +144,7 @@ api_init(int state)
 	metrics_attach();
 	db_register();
 	auth_init();
+	replay_cache_init();
 	provider_client_init();
 	jobs_start();
 	wakeup_start();

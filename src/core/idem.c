@@ -20,6 +20,7 @@
 #include "metrics.h"
 #include "problem.h"
 #include "reload.h"
+#include "replay_cache.h"
 
 static void	request_free(struct http_request *);
 static int	admit_key(struct http_request *, struct idem_request *);
@@ -123,6 +124,10 @@ idem_admit(struct http_request *req)
 		return (HTTP_STATE_COMPLETE);
 
 	fingerprint(r);
+
+	/* A retry of a key this worker saw finish: no query. */
+	if (replay_cache_answer(req))
+		return (HTTP_STATE_COMPLETE);
 
 	req->fsm_state = IDEM_STATE_STRATEGY;
 	return (HTTP_STATE_CONTINUE);

@@ -66,6 +66,8 @@ static const struct {
 	    "Finished keys deleted after the retention." },
 	[COUNTER_DB_ERRORS] = { "idem_database_errors_total",
 	    "Database calls that failed." },
+	[COUNTER_REPLAY_CACHE_HITS] = { "idem_replay_cache_hits_total",
+	    "Retries of finished keys answered from a worker's replay cache." },
 };
 
 /* Upper bounds of the latency buckets, in milliseconds. */

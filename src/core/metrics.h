@@ -28,7 +28,8 @@
 #define COUNTER_PAYMENTS_RECOVERED	2
 #define COUNTER_CLEANUP_DELETED		3
 #define COUNTER_DB_ERRORS		4
-#define COUNTER_MAX			5
+#define COUNTER_REPLAY_CACHE_HITS	5
+#define COUNTER_MAX			6
 
 void	metrics_init(void);
 void	metrics_attach(void);

@@ -67,6 +67,10 @@ static const struct number_setting	numbers[] = {
 	    30, 1, 86400 },
 	{ "IDEM_RECOVERY_BACKOFF_MAX_SECONDS",
 	    &settings.recovery_backoff_max_seconds, 900, 1, 7 * 86400 },
+	{ "IDEM_REPLAY_CACHE_SECONDS", &settings.replay_cache_seconds,
+	    300, 0, 86400 },
+	{ "IDEM_REPLAY_CACHE_ENTRIES", &settings.replay_cache_entries,
+	    4096, 1, 1000000 },
 };
 
 static const struct text_setting	texts[] = {

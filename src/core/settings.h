@@ -26,6 +26,8 @@ struct settings {
 	u_int32_t	db_timeout_ms;
 	u_int32_t	recovery_backoff_seconds;
 	u_int32_t	recovery_backoff_max_seconds;
+	u_int32_t	replay_cache_seconds;
+	u_int32_t	replay_cache_entries;
 	int		loaded;
 };
 

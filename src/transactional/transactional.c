@@ -15,26 +15,31 @@
 
 #include <sys/types.h>
 
+#include <stdlib.h>
+#include <string.h>
+
 #include <kore/kore.h>
 #include <kore/http.h>
 
 #include "idem.h"
+#include "replay_cache.h"
 #include "transactional.h"
 
 #define TX_RUN_SQL							\
-	"SELECT outcome, status_code, response FROM "			\
+	"SELECT outcome, status_code, response, age_ms FROM "		\
 	"tx_run($1, $2, $3, $4, $5::jsonb)"
 
 #define TX_STATE_EXECUTE	IDEM_STATE_STRATEGY
 #define TX_STATE_RESPOND	(IDEM_STATE_STRATEGY + 1)
 
 static int	tx_execute(struct http_request *);
+static int	tx_respond(struct http_request *);
 
 static struct http_state	tx_states[] = {
 	KORE_HTTP_STATE(idem_authenticate),
 	KORE_HTTP_STATE(idem_admit),
 	KORE_HTTP_STATE(tx_execute),
-	KORE_HTTP_STATE(idem_respond_outcome),
+	KORE_HTTP_STATE(tx_respond),
 };
 
 int
@@ -57,4 +62,26 @@ tx_execute(struct http_request *req)
 	params[4] = (const char *)r->request.data;
 
 	return (idem_execute(req, TX_STATE_RESPOND, TX_RUN_SQL, 5, params));
+}
+
+/*
+ * The key is done, in this transaction's commit or an earlier one: its
+ * answer is kept for the retries this worker may get (replay_cache.c),
+ * unless it was first used for another request.
+ */
+static int
+tx_respond(struct http_request *req)
+{
+	struct idem_request	*r = http_state_get(req);
+	const char		*age;
+
+	if (strcmp(db_call_field(&r->db, "outcome"), "mismatch") &&
+	    (age = db_call_field(&r->db, "age_ms")) != NULL) {
+		replay_cache_put(r, (int)strtol(db_call_field(&r->db,
+		    "status_code"), NULL, 10), db_call_field(&r->db,
+		    "response"), (size_t)db_call_field_length(&r->db,
+		    "response"), strtoull(age, NULL, 10));
+	}
+
+	return (idem_respond_outcome(req));
 }

@@ -1,0 +1,223 @@
+/*
+ * The answers of finished keys, kept in each worker: a retry of a key
+ * this worker saw finish, or saw replayed, is answered from memory,
+ * without a query. Why that answer is the one the database would give:
+ *
+ * - A finished key's status and bytes never change: the transactional
+ *   strategy writes the key row done in the transaction of the work, and
+ *   nothing updates a done row afterwards. Only the cleanup deletes it,
+ *   once it is older than the retention (IDEM_RETENTION_SECONDS, counted
+ *   from the key's first request, on the database's clock).
+ * - An entry is kept only from an answer the database committed: the
+ *   call ended with ReadyForQuery, after the commit waited for the
+ *   synchronous standby when there is one (a commit it did not confirm is
+ *   a failed call, and nothing is kept).
+ * - It ends REPLAY_CACHE_MARGIN_MS before the key may be cleaned: the
+ *   database says how old the key was when it answered, so a cleaned key
+ *   is never replayed. Every instance must run with the same retention.
+ * - It is looked up by client and key, and answers only a request of the
+ *   same operation and fingerprint; another is the 422 the database would
+ *   answer (the saved key does not change either).
+ * - Each worker keeps its own; other instances and workers cannot change
+ *   what it holds, since a done key does not change.
+ *
+ * Bounded: IDEM_REPLAY_CACHE_ENTRIES entries and REPLAY_CACHE_BYTES_MAX of
+ * bodies, the oldest dropped first; IDEM_REPLAY_CACHE_SECONDS caps how long
+ * one is kept (0 turns the cache off).
+ */
+
+#include <sys/types.h>
+#include <sys/queue.h>
+
+#include <string.h>
+
+#include "idem.h"
+#include "metrics.h"
+#include "replay_cache.h"
+#include "settings.h"
+
+#define CACHE_BUCKETS		1024
+
+/* Longer operation names are not kept (none is near it). */
+#define CACHE_OPERATION_MAX	63
+
+struct cache_entry {
+	u_int32_t			hash;
+	char				client_id[AUTH_CLIENT_ID_MAX + 1];
+	char				key[IDEM_KEY_MAX + 1];
+	char				operation[CACHE_OPERATION_MAX + 1];
+	char				fingerprint[65];
+	int				status;
+	u_int64_t			expires;
+	size_t				len;
+	TAILQ_ENTRY(cache_entry)	bucket;
+	TAILQ_ENTRY(cache_entry)	age;
+	u_int8_t			body[];
+};
+
+TAILQ_HEAD(cache_list, cache_entry);
+
+static u_int32_t		entry_hash(const char *, const char *);
+static struct cache_entry	*entry_find(const char *, const char *);
+static void			entry_drop(struct cache_entry *);
+
+static struct cache_list	buckets[CACHE_BUCKETS];
+static struct cache_list	oldest = TAILQ_HEAD_INITIALIZER(oldest);
+static size_t			entries = 0;
+static size_t			bytes = 0;
+
+void
+replay_cache_init(void)
+{
+	int		i;
+
+	for (i = 0; i < CACHE_BUCKETS; i++)
+		TAILQ_INIT(&buckets[i]);
+	TAILQ_INIT(&oldest);
+	entries = 0;
+	bytes = 0;
+}
+
+/* The entries live in the module's statics: freed before a reload. */
+void
+replay_cache_unload(void)
+{
+	struct cache_entry	*e;
+
+	while ((e = TAILQ_FIRST(&oldest)) != NULL)
+		entry_drop(e);
+}
+
+size_t
+replay_cache_count(void)
+{
+	return (entries);
+}
+
+/*
+ * Answers the request from the cache when its key is there: the saved
+ * answer (replayed), or the 422 of a key first used for another request.
+ * Returns 1 when it answered.
+ */
+int
+replay_cache_answer(struct http_request *req)
+{
+	struct idem_request	*r = http_state_get(req);
+	struct cache_entry	*e;
+
+	if (settings.replay_cache_seconds == 0)
+		return (0);
+
+	if ((e = entry_find(r->client_id, r->key)) == NULL)
+		return (0);
+
+	metrics_count(COUNTER_REPLAY_CACHE_HITS, 1);
+
+	if (strcmp(e->operation, r->op->name) ||
+	    strcmp(e->fingerprint, r->fingerprint)) {
+		(void)idem_fail_mismatch(req);
+		return (1);
+	}
+
+	idem_respond(req, e->status, e->body, e->len, 1);
+	return (1);
+}
+
+/*
+ * Keeps a finished key's answer: status and body as saved, the key
+ * age_ms old when the database answered.
+ */
+void
+replay_cache_put(const struct idem_request *r, int status, const char *body,
+    size_t len, u_int64_t age_ms)
+{
+	struct cache_entry	*e;
+	u_int64_t		ttl, retention;
+
+	if (settings.replay_cache_seconds == 0 ||
+	    settings.replay_cache_entries == 0 ||
+	    len > REPLAY_CACHE_BODY_MAX ||
+	    strlen(r->op->name) > CACHE_OPERATION_MAX)
+		return;
+
+	retention = (u_int64_t)settings.retention_seconds * 1000;
+	if (age_ms + REPLAY_CACHE_MARGIN_MS >= retention)
+		return;
+	ttl = retention - age_ms - REPLAY_CACHE_MARGIN_MS;
+	if (ttl > (u_int64_t)settings.replay_cache_seconds * 1000)
+		ttl = (u_int64_t)settings.replay_cache_seconds * 1000;
+
+	if ((e = entry_find(r->client_id, r->key)) != NULL)
+		entry_drop(e);
+
+	while (entries >= settings.replay_cache_entries ||
+	    bytes + len > REPLAY_CACHE_BYTES_MAX)
+		entry_drop(TAILQ_FIRST(&oldest));
+
+	e = kore_calloc(1, sizeof(*e) + len);
+	e->hash = entry_hash(r->client_id, r->key);
+	(void)kore_strlcpy(e->client_id, r->client_id, sizeof(e->client_id));
+	(void)kore_strlcpy(e->key, r->key, sizeof(e->key));
+	(void)kore_strlcpy(e->operation, r->op->name, sizeof(e->operation));
+	(void)kore_strlcpy(e->fingerprint, r->fingerprint,
+	    sizeof(e->fingerprint));
+	e->status = status;
+	e->len = len;
+	memcpy(e->body, body, len);
+	e->expires = kore_time_ms() + ttl;
+
+	TAILQ_INSERT_HEAD(&buckets[e->hash % CACHE_BUCKETS], e, bucket);
+	TAILQ_INSERT_TAIL(&oldest, e, age);
+	entries++;
+	bytes += len;
+}
+
+/* FNV-1a over the client id, a NUL, and the key. */
+static u_int32_t
+entry_hash(const char *client_id, const char *key)
+{
+	u_int32_t	h = 2166136261u;
+	const char	*p;
+
+	for (p = client_id; *p != '\0'; p++)
+		h = (h ^ (u_int8_t)*p) * 16777619u;
+	h = h * 16777619u;
+	for (p = key; *p != '\0'; p++)
+		h = (h ^ (u_int8_t)*p) * 16777619u;
+
+	return (h);
+}
+
+/* The live entry of a client's key; an expired one is dropped. */
+static struct cache_entry *
+entry_find(const char *client_id, const char *key)
+{
+	struct cache_entry	*e;
+	u_int32_t		h;
+
+	h = entry_hash(client_id, key);
+	TAILQ_FOREACH(e, &buckets[h % CACHE_BUCKETS], bucket) {
+		if (e->hash != h || strcmp(e->key, key) ||
+		    strcmp(e->client_id, client_id))
+			continue;
+
+		if (e->expires <= kore_time_ms()) {
+			entry_drop(e);
+			return (NULL);
+		}
+
+		return (e);
+	}
+
+	return (NULL);
+}
+
+static void
+entry_drop(struct cache_entry *e)
+{
+	TAILQ_REMOVE(&buckets[e->hash % CACHE_BUCKETS], e, bucket);
+	TAILQ_REMOVE(&oldest, e, age);
+	entries--;
+	bytes -= e->len;
+	kore_free(e);
+}

@@ -1,0 +1,124 @@
+"""The replay cache (src/core/replay_cache.c): a retry of a key the worker
+saw finish is answered from memory, without a query, with the saved status
+and bytes; another request under the key is the 422 the database would
+give; another client's key is not the same key; and an entry ends before
+the cleanup may delete its key, so a cleaned key is never replayed.
+
+The cache is seen by deleting the key's row behind the API's back: a retry
+the database would have executed again is still answered as the replay.
+One worker, so that every request meets the same cache."""
+
+import os
+import sys
+import time
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "lib"))
+from harness import Api, Tap, metric, new_key, quote, sql, sql_value, wait_until  # noqa: E402
+
+t = Tap()
+
+ORDER = {"customer_id": "c-cache", "amount": 20000, "currency": "RUB"}
+
+
+def orders_of(key):
+    return int(sql_value(f"select count(*) from orders where idem_key = {quote(key)}"))
+
+
+def forget(key, client="shop-1"):
+    sql(f"delete from bonus_ledger where idem_key = {quote(key)};"
+        f" delete from orders where idem_key = {quote(key)};"
+        f" delete from idempotency_keys where client_id = {quote(client)}"
+        f" and idem_key = {quote(key)}")
+
+
+def hits(api):
+    return int(metric(api.port, "idem_replay_cache_hits_total") or 0)
+
+
+api = Api(name="api-cache", workers=1).start()
+try:
+    key = new_key("cache")
+    first = api.post("/v1/orders", ORDER, key=key)
+    t.eq(first.status, 201, "a fresh order")
+    forget(key)
+    before = hits(api)
+    again = api.post("/v1/orders", ORDER, key=key)
+    t.ok(again.status == 201 and again.replayed and again.body == first.body,
+         "its retry is the saved answer, from the worker's memory", again)
+    t.eq(orders_of(key), 0, "and executes nothing")
+    t.eq(hits(api) - before, 1, "idem_replay_cache_hits_total counts it")
+
+    other = dict(ORDER, amount=30000)
+    r = api.post("/v1/orders", other, key=key)
+    t.ok(r.status == 422 and b"idempotency-key-reused" in r.body,
+         "another body under the key is the 422 the database would give", r)
+    t.eq(orders_of(key), 0, "and executes nothing")
+    r = api.post("/v1/bonuses", {"customer_id": "c-cache", "points": 5, "reason": "x"},
+                 key=key)
+    t.ok(r.status == 422 and b"idempotency-key-reused" in r.body,
+         "another operation under the key too", r)
+
+    r = api.post("/v1/orders", ORDER, key=key, client="shop-2")
+    t.ok(r.status == 201 and not r.replayed,
+         "another client's key of the same name is a key of its own", r)
+
+    # A replay the database answered is kept too.
+    key2 = new_key("cache")
+    a = api.post("/v1/orders", ORDER, key=key2)
+    sql("select 1")
+    b = api.post("/v1/orders", ORDER, key=key2)
+    t.ok(b.replayed and b.body == a.body, "a replay", b)
+    forget(key2)
+    c = api.post("/v1/orders", ORDER, key=key2)
+    t.ok(c.status == 201 and c.replayed and c.body == a.body,
+         "then answered from memory", c)
+
+    # A refusal saved with the key (a 422 of the operation) is replayed
+    # from memory like a 201.
+    key3 = new_key("cache")
+    a = api.post("/v1/bonuses", {"customer_id": "c-cache-poor", "points": -5,
+                                 "reason": "redeem"}, key=key3)
+    t.eq(a.status, 422, "a saved refusal")
+    sql(f"delete from idempotency_keys where idem_key = {quote(key3)}")
+    b = api.post("/v1/bonuses", {"customer_id": "c-cache-poor", "points": -5,
+                                 "reason": "redeem"}, key=key3)
+    t.ok(b.status == 422 and b.replayed and b.body == a.body,
+         "is replayed from memory too", b)
+finally:
+    api.stop()
+
+# The cache off: the same retry reaches the database.
+api = Api(name="api-nocache", workers=1, IDEM_REPLAY_CACHE_SECONDS=0).start()
+try:
+    key = new_key("nocache")
+    first = api.post("/v1/orders", ORDER, key=key)
+    forget(key)
+    again = api.post("/v1/orders", ORDER, key=key)
+    t.ok(again.status == 201 and not again.replayed,
+         "IDEM_REPLAY_CACHE_SECONDS=0: the retry of a deleted key executes again", again)
+    t.eq(orders_of(key), 1, "one order, the second execution's")
+finally:
+    api.stop()
+
+# An entry ends before its key may be cleaned. With a retention of 7 s it
+# lives 2 s (the retention less the 5 s margin), although the cache would
+# keep it 300 s: the cleanup then deletes the key, and a retry is a new
+# request, never the replay of a key the database no longer holds.
+api = Api(name="api-retention", workers=1, IDEM_RETENTION_SECONDS=7,
+          IDEM_CLEANUP_INTERVAL_SECONDS=1).start()
+try:
+    key = new_key("cleaned")
+    first = api.post("/v1/orders", ORDER, key=key)
+    r = api.post("/v1/orders", ORDER, key=key)
+    t.ok(r.replayed, "a replay while the key is young", r)
+    wait_until(lambda: sql_value("select count(*) from idempotency_keys where"
+                                 f" idem_key = {quote(key)}") == "0",
+               "the cleanup to delete the key", timeout=30)
+    r = api.post("/v1/orders", ORDER, key=key)
+    t.ok(r.status == 201 and not r.replayed and r.body != first.body,
+         "after the cleanup the retry is a new order, not a replay from memory", r)
+    t.eq(orders_of(key), 2, "two orders under the key, one per retention")
+finally:
+    api.stop()
+
+t.done()
