@@ -22,11 +22,22 @@
 -- round trip to the standby per replay. Without a synchronous standby
 -- there is nothing to wait for, and no record is written (no flush per
 -- replay on a single server).
+-- Whether a commit now waits for a synchronous standby. The workers' replay
+-- caches keep it with each answer (src/core/replay_cache.c).
+create or replace function idem_standby()
+returns boolean
+language sql stable as $$
+	select current_setting('synchronous_standby_names') <> '';
+$$;
+
+comment on function idem_standby() is
+    'true when commits wait for a synchronous standby.';
+
 create or replace function idem_confirm()
 returns void
 language plpgsql volatile as $$
 begin
-	if current_setting('synchronous_standby_names') <> '' then
+	if idem_standby() then
 		perform pg_logical_emit_message(true, 'idem', 'replay');
 	end if;
 end;
@@ -84,7 +95,7 @@ begin
 	-- Made before age_ms: a function's columns cannot be replaced.
 	if exists (select 1 from pg_proc
 		    where proname = 'tx_run'
-		      and not 'age_ms' = any(coalesce(proargnames, '{}'))) then
+		      and not 'standby' = any(coalesce(proargnames, '{}'))) then
 		drop function tx_run(text, text, text, text, jsonb);
 	end if;
 end;
@@ -93,7 +104,7 @@ $$;
 create or replace function tx_run(p_client text, p_key text,
     p_operation text, p_fingerprint text, p_request jsonb)
 returns table (outcome text, status_code int, response text,
-    age_ms bigint)
+    age_ms bigint, standby boolean)
 language plpgsql as $$
 declare
 	v_status	int;
@@ -101,8 +112,9 @@ declare
 begin
 	-- A retry of a finished key: one index lookup. Its commit waits for
 	-- the synchronous standby like a write's (idem_confirm()).
-	return query select * from idempotency_replay(p_client, p_key,
-	    p_operation, p_fingerprint);
+	return query select r.*, idem_standby()
+	  from idempotency_replay(p_client, p_key, p_operation,
+	    p_fingerprint) r;
 	if found then
 		perform idem_confirm();
 		return;
@@ -117,8 +129,9 @@ begin
 	-- and this separate statement reads what it committed (READ
 	-- COMMITTED: a new snapshot per statement).
 	if not found then
-		return query select * from idempotency_replay(p_client, p_key,
-		    p_operation, p_fingerprint);
+		return query select r.*, idem_standby()
+		  from idempotency_replay(p_client, p_key, p_operation,
+		    p_fingerprint) r;
 		perform idem_confirm();
 		return;
 	end if;
@@ -137,7 +150,8 @@ begin
 	-- The key's age, counted from this transaction's start (its
 	-- created_at), as a replay would count it.
 	return query select 'created'::text, v_status, v_response,
-	    (extract(epoch from clock_timestamp() - now()) * 1000)::bigint;
+	    (extract(epoch from clock_timestamp() - now()) * 1000)::bigint,
+	    idem_standby();
 end;
 $$;
 

@@ -381,6 +381,10 @@ idem_fail_db(struct http_request *req, struct db_call *c)
 {
 	const char	*why;
 
+	/* A commit waited for a standby: see replay_cache.c. */
+	if (c->error == DB_ERROR_UNCONFIRMED)
+		replay_cache_standby(1);
+
 	switch (c->error) {
 	case DB_ERROR_QUERY:
 		return (idem_fail(req, PROBLEM_INTERNAL, "the database refused "

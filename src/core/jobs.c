@@ -12,6 +12,7 @@
 
 #include "jobs.h"
 #include "reload.h"
+#include "replay_cache.h"
 #include "settings.h"
 
 #define JOBS_POLL_MS		20
@@ -20,7 +21,9 @@ static void	jobs_tick(void *, u_int64_t);
 static void	job_run(struct job *, u_int64_t);
 static void	job_end(struct job *, u_int64_t);
 
-static struct job		*jobs[] = { &cleanup_job, &recovery_job };
+static struct job		*jobs[] = {
+	&cleanup_job, &recovery_job, &standby_job
+};
 static struct kore_timer	*timer = NULL;
 
 void
@@ -33,6 +36,7 @@ jobs_start(void)
 	    (u_int64_t)settings.cleanup_interval_seconds * 1000;
 	recovery_job.interval_ms =
 	    (u_int64_t)settings.recovery_interval_seconds * 1000;
+	standby_job.interval_ms = REPLAY_CACHE_STANDBY_MS;
 
 	timer = kore_timer_add(jobs_tick, JOBS_POLL_MS, NULL, 0);
 }

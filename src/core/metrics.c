@@ -31,6 +31,9 @@ struct metrics_shared {
 	u_int64_t	latency[ROUTE_MAX][LATENCY_BUCKETS + 1];
 	u_int64_t	latency_sum_ms[ROUTE_MAX];
 	u_int64_t	counters[COUNTER_MAX];
+
+	/* Not a metric: what replay_cache.c's workers last learned. */
+	u_int64_t	standby;
 };
 
 static void	serve_requests(struct kore_buf *);
@@ -153,6 +156,26 @@ metrics_count(int counter, u_int64_t n)
 	if (shared != NULL)
 		__atomic_fetch_add(&shared->counters[counter], n,
 		    __ATOMIC_RELAXED);
+}
+
+/*
+ * Whether commits wait for a synchronous standby, as the last answer of any
+ * worker of this process said (see replay_cache.c): kept in the shared
+ * mapping, so that every worker knows what one learned.
+ */
+void
+metrics_standby_set(int standby)
+{
+	if (shared != NULL)
+		__atomic_store_n(&shared->standby, standby ? 1 : 0,
+		    __ATOMIC_RELAXED);
+}
+
+int
+metrics_standby(void)
+{
+	return (shared != NULL &&
+	    __atomic_load_n(&shared->standby, __ATOMIC_RELAXED) != 0);
 }
 
 void

@@ -36,6 +36,8 @@ void	metrics_attach(void);
 void	metrics_request(int, int, u_int64_t);
 void	metrics_count(int, u_int64_t);
 void	metrics_db_error(void);
+void	metrics_standby_set(int);
+int	metrics_standby(void);
 int	metrics_serve(struct http_request *);
 const char	*metrics_outcome_name(int);
 

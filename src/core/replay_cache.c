@@ -11,7 +11,13 @@
  * - An entry is kept only from an answer the database committed: the
  *   call ended with ReadyForQuery, after the commit waited for the
  *   synchronous standby when there is one (a commit it did not confirm is
- *   a failed call, and nothing is kept).
+ *   a failed call, and nothing is kept). A replay from the database waits
+ *   for the standby too (idem_confirm()), so an entry made while commits
+ *   waited for none is not served once a worker of this process has seen
+ *   that they do (an answer saying so, or a commit the standby did not
+ *   confirm, or worker 1 asking every second: standby_job; the flag is in
+ *   the shared mapping of metrics.c): the commit it holds may not be on
+ *   the standby.
  * - It ends REPLAY_CACHE_MARGIN_MS before the key may be cleaned: the
  *   database says how old the key was when it answered, so a cleaned key
  *   is never replayed. Every instance must run with the same retention.
@@ -32,6 +38,7 @@
 #include <string.h>
 
 #include "idem.h"
+#include "jobs.h"
 #include "metrics.h"
 #include "replay_cache.h"
 #include "settings.h"
@@ -49,6 +56,7 @@ struct cache_entry {
 	char				fingerprint[65];
 	int				status;
 	u_int64_t			expires;
+	int				standby;
 	size_t				len;
 	TAILQ_ENTRY(cache_entry)	bucket;
 	TAILQ_ENTRY(cache_entry)	age;
@@ -57,9 +65,27 @@ struct cache_entry {
 
 TAILQ_HEAD(cache_list, cache_entry);
 
+static int			standby_ask(struct job *);
+static int			standby_read(struct job *);
 static u_int32_t		entry_hash(const char *, const char *);
 static struct cache_entry	*entry_find(const char *, const char *);
 static void			entry_drop(struct cache_entry *);
+
+static const struct job_step	standby_steps[] = {
+	{ "ask", standby_ask },
+	{ "read", standby_read },
+};
+
+/*
+ * Whether commits wait for a synchronous standby, asked every second by
+ * worker 1 (a request's answer says it too): the setting can change while
+ * no request reaches the database, when every retry is answered here.
+ */
+struct job	standby_job = {
+	.name = "standby",
+	.steps = standby_steps,
+	.nsteps = sizeof(standby_steps) / sizeof(standby_steps[0]),
+};
 
 static struct cache_list	buckets[CACHE_BUCKETS];
 static struct cache_list	oldest = TAILQ_HEAD_INITIALIZER(oldest);
@@ -111,6 +137,11 @@ replay_cache_answer(struct http_request *req)
 	if ((e = entry_find(r->client_id, r->key)) == NULL)
 		return (0);
 
+	if (!e->standby && metrics_standby()) {
+		entry_drop(e);
+		return (0);
+	}
+
 	metrics_count(COUNTER_REPLAY_CACHE_HITS, 1);
 
 	if (strcmp(e->operation, r->op->name) ||
@@ -124,15 +155,28 @@ replay_cache_answer(struct http_request *req)
 }
 
 /*
+ * What an answer said, or a failed commit showed: whether commits wait
+ * for a synchronous standby.
+ */
+void
+replay_cache_standby(int standby)
+{
+	metrics_standby_set(standby);
+}
+
+/*
  * Keeps a finished key's answer: status and body as saved, the key
- * age_ms old when the database answered.
+ * age_ms old when the database answered, standby whether its commit (or
+ * the replay's) waited for a synchronous standby.
  */
 void
 replay_cache_put(const struct idem_request *r, int status, const char *body,
-    size_t len, u_int64_t age_ms)
+    size_t len, u_int64_t age_ms, int standby)
 {
 	struct cache_entry	*e;
 	u_int64_t		ttl, retention;
+
+	metrics_standby_set(standby);
 
 	if (settings.replay_cache_seconds == 0 ||
 	    settings.replay_cache_entries == 0 ||
@@ -162,6 +206,7 @@ replay_cache_put(const struct idem_request *r, int status, const char *body,
 	(void)kore_strlcpy(e->fingerprint, r->fingerprint,
 	    sizeof(e->fingerprint));
 	e->status = status;
+	e->standby = standby;
 	e->len = len;
 	memcpy(e->body, body, len);
 	e->expires = kore_time_ms() + ttl;
@@ -220,4 +265,21 @@ entry_drop(struct cache_entry *e)
 	entries--;
 	bytes -= e->len;
 	kore_free(e);
+}
+
+static int
+standby_ask(struct job *job)
+{
+	if (settings.replay_cache_seconds == 0)
+		return (JOB_DONE);
+
+	return (job_query(job, "SELECT idem_standby() AS standby", 0, NULL));
+}
+
+static int
+standby_read(struct job *job)
+{
+	metrics_standby_set(!strcmp(db_call_field(&job->db, "standby"), "t"));
+
+	return (JOB_DONE);
 }

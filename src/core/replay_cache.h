@@ -21,13 +21,17 @@
  */
 #define REPLAY_CACHE_MARGIN_MS		5000
 
+/* How often worker 1 asks whether commits wait for a standby. */
+#define REPLAY_CACHE_STANDBY_MS		1000
+
 struct idem_request;
 
 void	replay_cache_init(void);
 void	replay_cache_unload(void);
 int	replay_cache_answer(struct http_request *);
 void	replay_cache_put(const struct idem_request *, int, const char *,
-	    size_t, u_int64_t);
+	    size_t, u_int64_t, int);
+void	replay_cache_standby(int);
 size_t	replay_cache_count(void);
 
 #endif

@@ -26,7 +26,7 @@
 #include "transactional.h"
 
 #define TX_RUN_SQL							\
-	"SELECT outcome, status_code, response, age_ms FROM "		\
+	"SELECT outcome, status_code, response, age_ms, standby FROM "	\
 	"tx_run($1, $2, $3, $4, $5::jsonb)"
 
 #define TX_STATE_EXECUTE	IDEM_STATE_STRATEGY
@@ -80,7 +80,8 @@ tx_respond(struct http_request *req)
 		replay_cache_put(r, (int)strtol(db_call_field(&r->db,
 		    "status_code"), NULL, 10), db_call_field(&r->db,
 		    "response"), (size_t)db_call_field_length(&r->db,
-		    "response"), strtoull(age, NULL, 10));
+		    "response"), strtoull(age, NULL, 10),
+		    !strcmp(db_call_field(&r->db, "standby"), "t"));
 	}
 
 	return (idem_respond_outcome(req));
