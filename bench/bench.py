@@ -20,7 +20,8 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "tests", "lib"))
-from harness import DB_URL, TMP, Api, Provider, concurrently, new_key, post, sql  # noqa: E402
+from harness import (DB_URL, TMP, Api, Provider, PsqlSession, concurrently,  # noqa: E402
+                     new_key, post, sql)
 
 SECONDS = int(os.environ.get("BENCH_SECONDS", "10"))
 WARMUP = int(os.environ.get("BENCH_WARMUP_SECONDS", "5"))
@@ -32,6 +33,8 @@ TICK = os.sysconf("SC_CLK_TCK")
 # Orders sent one by one with pg_stat_statements.track = all, to count the
 # statements of one order at every level.
 COUNTED_ORDERS = 200
+# What pgbench's run gets on top of warm-up and measure, for its connections.
+CONNECT_SLACK = 3
 
 
 # --- CPU from /proc ----------------------------------------------------------
@@ -77,15 +80,6 @@ def kore_cpu(k):
     return cpu_seconds(k.proc.pid) + sum(cpu_seconds(p) for p in k.workers())
 
 
-def settle_backends(count, timeout=3.0):
-    """Waits until the cluster is back to count processes: the backends of
-    the pgbench that just ended have exited and been reaped, their CPU in
-    the postmaster's cutime."""
-    deadline = time.monotonic() + timeout
-    while len(children(postmaster())) > count and time.monotonic() < deadline:
-        time.sleep(0.02)
-
-
 class Meter:
     """CPU of PostgreSQL, the API and the provider, and the statements
     pg_stat_statements counted, over one measured run."""
@@ -94,7 +88,6 @@ class Meter:
         self.api, self.provider = api, provider
 
     def __enter__(self):
-        self.nproc = len(children(postmaster()))
         self.calls = statements()
         self.pg = pg_cpu()
         self.kore = kore_cpu(self.api) if self.api else 0.0
@@ -102,7 +95,6 @@ class Meter:
         return self
 
     def __exit__(self, *exc):
-        settle_backends(self.nproc)
         self.pg = pg_cpu() - self.pg
         self.kore = (kore_cpu(self.api) - self.kore) if self.api else None
         self.prov = (kore_cpu(self.provider) - self.prov) if self.provider else None
@@ -110,13 +102,32 @@ class Meter:
         self.calls = statements() - self.calls - 1
 
 
+_session = []
+
+
+def session_value(query):
+    """One value from a psql session kept open: a snapshot that takes a
+    millisecond, not a new connection's hundred on a busy machine."""
+    if not _session:
+        _session.append(PsqlSession())
+    return _session[0].run(query + ";")[0]
+
+
 def statements():
     """Top-level statements executed so far (pg_stat_statements), every
     database of the cluster."""
-    return int(sql("select coalesce(sum(calls), 0) from pg_stat_statements")[0][0])
+    return int(session_value("select coalesce(sum(calls), 0) from pg_stat_statements"))
 
 
 # --- runs --------------------------------------------------------------------
+
+STARTED = time.monotonic()
+
+
+def progress(what):
+    """A line on stderr per run, for CI logs."""
+    print(f"bench: {time.monotonic() - STARTED:6.1f} s  {what}", file=sys.stderr, flush=True)
+
 
 def quiesce():
     """Each run starts from a quiet database: the previous run's dead rows
@@ -134,6 +145,8 @@ def per_request(r, m, n):
 
 
 def wrk(api, script, provider=None, seconds=SECONDS, warmup=True):
+    if warmup:
+        progress(f"wrk {script}")
     quiesce()
     if warmup:
         wrk(api, script, provider, WARMUP, warmup=False)
@@ -156,31 +169,56 @@ def wrk(api, script, provider=None, seconds=SECONDS, warmup=True):
                         "socket_errors": errors.group(1) if errors else ""}, m, n)
 
 
-def pgbench(script, seconds=SECONDS):
+def pgbench(script, mode="extended", seconds=SECONDS):
+    """pgbench, measured over `seconds` from WARMUP seconds after its
+    connections are up, while it runs: like the API's pooled connections,
+    the backends measured are warm (a new backend spends milliseconds of
+    CPU on its caches and on compiling the PL/pgSQL it calls), and none
+    starts or exits in the window. pgbench's -T counts from its start,
+    connections included, so it runs CONNECT_SLACK seconds longer. mode:
+    extended (each statement planned every time, as the API sends its
+    calls) or prepared (planned once per connection)."""
+    progress(f"pgbench {script} ({mode})")
     quiesce()
-    # The warm-up: its figures are not read (a short one on a busy machine
-    # may end before its 32 connections are up, and print none).
-    subprocess.run(
-        ["pgbench", "-n", "-M", "extended", "-c", str(CONNECTIONS), "-j", str(THREADS),
-         "-T", str(WARMUP), "-f", os.path.join(ROOT, "bench", script), DB_URL],
-        check=True, capture_output=True)
-    prefix = os.path.join(TMP, f"pgbench-{os.path.basename(script)}")
+    prefix = os.path.join(TMP, f"pgbench-{mode}-{os.path.basename(script)}")
     for f in glob.glob(prefix + "*"):
         os.unlink(f)
+    proc = subprocess.Popen(
+        ["pgbench", "-n", "-M", mode, "-c", str(CONNECTIONS), "-j", str(THREADS),
+         "-T", str(WARMUP + seconds + CONNECT_SLACK), "-f",
+         os.path.join(ROOT, "bench", script), "-l", f"--log-prefix={prefix}", DB_URL],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + CONNECT_SLACK
+    while proc.poll() is None and time.monotonic() < deadline and int(session_value(
+            "select count(*) from pg_stat_activity"
+            " where application_name = 'pgbench'")) < CONNECTIONS:
+        time.sleep(0.05)
+    time.sleep(WARMUP)
     with Meter() as m:
-        out = subprocess.run(
-            ["pgbench", "-n", "-M", "extended", "-c", str(CONNECTIONS), "-j", str(THREADS),
-             "-T", str(seconds), "-f", os.path.join(ROOT, "bench", script),
-             "-l", f"--log-prefix={prefix}", DB_URL],
-            check=True, capture_output=True, text=True).stdout
-    tps = float(re.search(r"tps = ([\d.]+) \(without initial", out).group(1))
-    n = int(re.search(r"actually processed: (\d+)", out).group(1))
+        started = time.time()
+        try:
+            proc.wait(seconds)
+        except subprocess.TimeoutExpired:
+            pass
+        ended = time.time()
+    out, err = proc.communicate()
+    if proc.returncode != 0:
+        raise RuntimeError(f"pgbench {script} failed: {out}{err}")
+    # Log lines: client, transaction, latency (us), script, end (s, us).
     lat = []
     for f in glob.glob(prefix + "*"):
         with open(f) as fh:
-            lat.extend(int(line.split()[2]) / 1000.0 for line in fh)
+            for line in fh:
+                v = line.split()
+                if started <= int(v[4]) + int(v[5]) / 1e6 < ended:
+                    lat.append(int(v[2]) / 1000.0)
+    n = len(lat)
+    if n < 2 or ended - started < seconds * 0.9:
+        raise RuntimeError(f"pgbench {script}: {n} transactions in"
+                           f" {ended - started:.1f} s measured: {out}{err}")
     q = statistics.quantiles(lat, n=100)
-    return per_request({"rps": tps, "p50": q[49], "p99": q[98], "n": n}, m, n)
+    return per_request({"rps": n / (ended - started), "p50": q[49], "p99": q[98], "n": n},
+                       m, n)
 
 
 # --- statements of one order, at every level ---------------------------------
@@ -189,6 +227,7 @@ def counted(run, n):
     """Runs run() with pg_stat_statements.track = all: the statements
     executed per call of run, at every level (PL/pgSQL's own SQL, the
     foreign-key checks), the heaviest first, and their total per call."""
+    progress("statements counted")
     sql("alter system set pg_stat_statements.track = 'all'")
     sql("select pg_reload_conf()")
     time.sleep(0.5)
@@ -303,8 +342,10 @@ def machine():
         f" (completion target {s['checkpoint_completion_target']}), work_mem"
         f" {s['work_mem']}; fsync {s['fsync']}, synchronous_commit"
         f" {s['synchronous_commit']}, full_page_writes {s['full_page_writes']}."
-        " Floors and ceilings run under pgbench (extended protocol) at the same"
-        " concurrency. CPU is utime + stime from /proc over the measured run: every"
+        " Floors and ceilings run under pgbench at the same concurrency, measured"
+        " from a warm-up on the same connections; floors as prepared statements,"
+        " ceilings in the extended protocol (planned every time) as the API sends"
+        " its calls. CPU is utime + stime from /proc over the measured run: every"
         " process of the cluster (backends, and those reaped, through the postmaster),"
         " the API's parent and workers; per request completed.")
 
@@ -325,10 +366,11 @@ def main():
     # Each floor runs just before the API on the same work, so that both
     # meet tables of about the same size.
     R = {}
-    R["floor_fresh"] = pgbench("order_floor.sql")
+    R["floor_fresh"] = pgbench("order_floor.sql", "prepared")
+    R["floor_fresh_ext"] = pgbench("order_floor.sql")
     R["db_fresh"] = pgbench("order_create.sql")
     R["api_fresh"] = wrk(api, "orders_fresh.lua")
-    R["db_lookup"] = pgbench("key_lookup.sql")
+    R["db_lookup"] = pgbench("key_lookup.sql", "prepared")
     R["api_replay"] = wrk(api, "orders_replay.lua")
     R["db_pay"] = pgbench("payment.sql")
     R["api_pay"] = wrk(api, "payments_fresh.lua", provider)
@@ -346,7 +388,10 @@ def main():
     with open(os.path.join(ROOT, "bench", "results", "api.log"), "w") as f:
         f.write(api.read_log())
     provider.stop()
+    _session[0].close()
+    progress("payment burst")
     burst, burst_ok = payment_burst()
+    progress("done")
 
     fresh, floor = R["api_fresh"], R["floor_fresh"]
     replay, lookup = R["api_replay"], R["db_lookup"]
@@ -357,10 +402,13 @@ def main():
         "| run | req/s | p50 ms | p99 ms | ratio to floor | PostgreSQL CPU µs/req"
         " | API CPU µs/req | statements/req |",
         "|---|---:|---:|---:|---:|---:|---:|---:|",
-        row("floor: the rows of a fresh order in one statement", floor),
-        row("informative: `tx_run()` of orders.create", R["db_fresh"], floor),
+        row("floor: the rows of a fresh order in one statement, prepared", floor),
+        row("informative: the same statement, extended protocol (planned every time)",
+            R["floor_fresh_ext"], floor),
+        row("informative: `tx_run()` of orders.create, extended protocol as the API"
+            " sends it", R["db_fresh"], floor),
         row("API `POST /v1/orders`, fresh keys", fresh, floor),
-        row("floor: single-row key lookup", lookup),
+        row("floor: single-row key lookup, prepared", lookup),
         row("API `POST /v1/orders`, replays of one key", replay, lookup),
         row("ceiling: reserve + provider charge + complete", pay_sql),
         row("API `POST /v1/payments`, fresh keys, provider latency 0", pay, pay_sql),
