@@ -1,6 +1,13 @@
-"""make bench: the API under wrk next to the database's own ceiling for the
-same work under pgbench, in one run on this machine, at the same
-concurrency. Prints a Markdown table for the README."""
+"""make bench: the API under wrk next to the database's floor for the same
+work under pgbench, in one run on this machine, at the same concurrency,
+with the CPU each side spends per request (from /proc). Prints a Markdown
+table for the README and writes it to bench/results/latest.md.
+
+The floor of a fresh order is the same rows written in ONE statement
+(bench/order_floor.sql); of a replay, a single-row lookup
+(bench/key_lookup.sql); of a payment with provider latency 0, its SQL run
+directly (bench/payment.sql). BENCH_SECONDS=2 BENCH_WARMUP_SECONDS=1 is
+the short mode for CI."""
 
 import glob
 import os
@@ -13,13 +20,113 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "tests", "lib"))
-from harness import DB_URL, TMP, Api, Provider, concurrently, new_key, post, sql  # noqa: E402
+from harness import (DB_URL, TMP, Api, Provider, PsqlSession, concurrently,  # noqa: E402
+                     new_key, post, sql)
 
 SECONDS = int(os.environ.get("BENCH_SECONDS", "10"))
 WARMUP = int(os.environ.get("BENCH_WARMUP_SECONDS", "5"))
 CONNECTIONS = int(os.environ.get("BENCH_CONNECTIONS", "32"))
+PGDATA = os.environ.get("IDEM_TEST_PGDATA", "")
 THREADS = 2
 UNITS = {"us": 1e-3, "ms": 1.0, "s": 1e3}
+TICK = os.sysconf("SC_CLK_TCK")
+# Orders sent one by one with pg_stat_statements.track = all, to count the
+# statements of one order at every level.
+COUNTED_ORDERS = 200
+# What pgbench's run gets on top of warm-up and measure, for its connections.
+CONNECT_SLACK = 3
+
+
+# --- CPU from /proc ----------------------------------------------------------
+
+def cpu_seconds(pid, children=True):
+    """utime + stime of a process (all its threads), and of its children
+    it has reaped (cutime + cstime): a worker Kore restarted, a backend
+    that exited. 0 for a process that is gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except (FileNotFoundError, ProcessLookupError):
+        return 0.0
+    # fields[0] is the state (field 3 of proc(5)): utime is field 14.
+    ticks = int(fields[11]) + int(fields[12])
+    if children:
+        ticks += int(fields[13]) + int(fields[14])
+    return ticks / TICK
+
+
+def children(pid):
+    try:
+        with open(f"/proc/{pid}/task/{pid}/children") as f:
+            return [int(p) for p in f.read().split()]
+    except FileNotFoundError:
+        return []
+
+
+def postmaster():
+    with open(os.path.join(PGDATA, "postmaster.pid")) as f:
+        return int(f.readline())
+
+
+def pg_cpu():
+    """CPU of every process of the cluster: the backends and auxiliary
+    processes running now, and the postmaster with those it has reaped."""
+    pm = postmaster()
+    total = sum(cpu_seconds(p) for p in children(pm))
+    return total + cpu_seconds(pm)
+
+
+def kore_cpu(k):
+    return cpu_seconds(k.proc.pid) + sum(cpu_seconds(p) for p in k.workers())
+
+
+class Meter:
+    """CPU of PostgreSQL, the API and the provider, and the statements
+    pg_stat_statements counted, over one measured run."""
+
+    def __init__(self, api=None, provider=None):
+        self.api, self.provider = api, provider
+
+    def __enter__(self):
+        self.calls = statements()
+        self.pg = pg_cpu()
+        self.kore = kore_cpu(self.api) if self.api else 0.0
+        self.prov = kore_cpu(self.provider) if self.provider else 0.0
+        return self
+
+    def __exit__(self, *exc):
+        self.pg = pg_cpu() - self.pg
+        self.kore = (kore_cpu(self.api) - self.kore) if self.api else None
+        self.prov = (kore_cpu(self.provider) - self.prov) if self.provider else None
+        # The query that read the count before is counted in it now.
+        self.calls = statements() - self.calls - 1
+
+
+_session = []
+
+
+def session_value(query):
+    """One value from a psql session kept open: a snapshot that takes a
+    millisecond, not a new connection's hundred on a busy machine."""
+    if not _session:
+        _session.append(PsqlSession())
+    return _session[0].run(query + ";")[0]
+
+
+def statements():
+    """Top-level statements executed so far (pg_stat_statements), every
+    database of the cluster."""
+    return int(session_value("select coalesce(sum(calls), 0) from pg_stat_statements"))
+
+
+# --- runs --------------------------------------------------------------------
+
+STARTED = time.monotonic()
+
+
+def progress(what):
+    """A line on stderr per run, for CI logs."""
+    print(f"bench: {time.monotonic() - STARTED:6.1f} s  {what}", file=sys.stderr, flush=True)
 
 
 def quiesce():
@@ -29,47 +136,135 @@ def quiesce():
     sql("checkpoint")
 
 
-def wrk(port, script, seconds=SECONDS, warmup=True):
+def per_request(r, m, n):
+    r["pg_us"] = m.pg / n * 1e6
+    r["api_us"] = m.kore / n * 1e6 if m.kore is not None else None
+    r["prov_us"] = m.prov / n * 1e6 if m.prov is not None else None
+    r["statements"] = m.calls / n
+    return r
+
+
+def wrk(api, script, provider=None, seconds=SECONDS, warmup=True):
+    if warmup:
+        progress(f"wrk {script}")
     quiesce()
     if warmup:
-        wrk(port, script, WARMUP, warmup=False)
-    out = subprocess.run(
-        ["wrk", f"-t{THREADS}", f"-c{CONNECTIONS}", f"-d{seconds}s", "--latency",
-         "-s", os.path.join(ROOT, "bench", script), f"http://127.0.0.1:{port}"],
-        check=True, capture_output=True, text=True).stdout
+        wrk(api, script, provider, WARMUP, warmup=False)
+    with Meter(api, provider) as m:
+        out = subprocess.run(
+            ["wrk", f"-t{THREADS}", f"-c{CONNECTIONS}", f"-d{seconds}s", "--latency",
+             "-s", os.path.join(ROOT, "bench", script), f"http://127.0.0.1:{api.port}"],
+            check=True, capture_output=True, text=True).stdout
 
     def latency(pct):
         m = re.search(rf"^\s+{pct}%\s+([\d.]+)(us|ms|s)\s*$", out, re.M)
         return float(m.group(1)) * UNITS[m.group(2)]
 
+    n = int(re.search(r"(\d+) requests in", out).group(1))
     rps = float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1))
     bad = re.search(r"Non-2xx or 3xx responses: (\d+)", out)
     errors = re.search(r"Socket errors: (.*)", out)
-    return {"rps": rps, "p50": latency(50), "p99": latency(99),
-            "non2xx": int(bad.group(1)) if bad else 0,
-            "socket_errors": errors.group(1) if errors else ""}
+    return per_request({"rps": rps, "p50": latency(50), "p99": latency(99), "n": n,
+                        "non2xx": int(bad.group(1)) if bad else 0,
+                        "socket_errors": errors.group(1) if errors else ""}, m, n)
 
 
-def pgbench(script, seconds=SECONDS, warmup=True):
+def pgbench(script, mode="extended", seconds=SECONDS):
+    """pgbench, measured over `seconds` from WARMUP seconds after its
+    connections are up, while it runs: like the API's pooled connections,
+    the backends measured are warm (a new backend spends milliseconds of
+    CPU on its caches and on compiling the PL/pgSQL it calls), and none
+    starts or exits in the window. pgbench's -T counts from its start,
+    connections included, so it runs CONNECT_SLACK seconds longer. mode:
+    extended (each statement planned every time, as the API sends its
+    calls) or prepared (planned once per connection)."""
+    progress(f"pgbench {script} ({mode})")
     quiesce()
-    if warmup:
-        pgbench(script, WARMUP, warmup=False)
-    prefix = os.path.join(TMP, f"pgbench-{os.path.basename(script)}")
+    prefix = os.path.join(TMP, f"pgbench-{mode}-{os.path.basename(script)}")
     for f in glob.glob(prefix + "*"):
         os.unlink(f)
-    out = subprocess.run(
-        ["pgbench", "-n", "-M", "extended", "-c", str(CONNECTIONS), "-j", str(THREADS),
-         "-T", str(seconds), "-f", os.path.join(ROOT, "bench", script),
-         "-l", f"--log-prefix={prefix}", DB_URL],
-        check=True, capture_output=True, text=True).stdout
-    tps = float(re.search(r"tps = ([\d.]+) \(without initial", out).group(1))
+    proc = subprocess.Popen(
+        ["pgbench", "-n", "-M", mode, "-c", str(CONNECTIONS), "-j", str(THREADS),
+         "-T", str(WARMUP + seconds + CONNECT_SLACK), "-f",
+         os.path.join(ROOT, "bench", script), "-l", f"--log-prefix={prefix}", DB_URL],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + CONNECT_SLACK
+    while proc.poll() is None and time.monotonic() < deadline and int(session_value(
+            "select count(*) from pg_stat_activity"
+            " where application_name = 'pgbench'")) < CONNECTIONS:
+        time.sleep(0.05)
+    time.sleep(WARMUP)
+    with Meter() as m:
+        started = time.time()
+        try:
+            proc.wait(seconds)
+        except subprocess.TimeoutExpired:
+            pass
+        ended = time.time()
+    out, err = proc.communicate()
+    if proc.returncode != 0:
+        raise RuntimeError(f"pgbench {script} failed: {out}{err}")
+    # Log lines: client, transaction, latency (us), script, end (s, us).
     lat = []
     for f in glob.glob(prefix + "*"):
         with open(f) as fh:
-            lat.extend(int(line.split()[2]) / 1000.0 for line in fh)
+            for line in fh:
+                v = line.split()
+                if started <= int(v[4]) + int(v[5]) / 1e6 < ended:
+                    lat.append(int(v[2]) / 1000.0)
+    n = len(lat)
+    if n < 2 or ended - started < seconds * 0.9:
+        raise RuntimeError(f"pgbench {script}: {n} transactions in"
+                           f" {ended - started:.1f} s measured: {out}{err}")
     q = statistics.quantiles(lat, n=100)
-    return {"rps": tps, "p50": q[49], "p99": q[98]}
+    return per_request({"rps": n / (ended - started), "p50": q[49], "p99": q[98], "n": n},
+                       m, n)
 
+
+# --- statements of one order, at every level ---------------------------------
+
+def counted(run, n):
+    """Runs run() with pg_stat_statements.track = all: the statements
+    executed per call of run, at every level (PL/pgSQL's own SQL, the
+    foreign-key checks), the heaviest first, and their total per call."""
+    progress("statements counted")
+    sql("alter system set pg_stat_statements.track = 'all'")
+    sql("select pg_reload_conf()")
+    time.sleep(0.5)
+    sql("select pg_stat_statements_reset()")
+    run()
+    rows = sql("select calls, total_exec_time, toplevel, regexp_replace(query, '\\s+', ' ', 'g')"
+               " from pg_stat_statements where query !~* 'pg_stat_statements'"
+               " order by total_exec_time desc")
+    sql("alter system reset pg_stat_statements.track")
+    sql("select pg_reload_conf()")
+    time.sleep(0.5)
+    total = sum(int(r[0]) for r in rows) / n
+    top = sum(int(r[0]) for r in rows if r[2] == "t") / n
+    detail = [(int(r[0]) / n, float(r[1]) / int(r[0]), r[2] == "t", r[3])
+              for r in rows if int(r[0]) >= n / 2]
+    return total, top, detail
+
+
+def count_api_order(api):
+    def run():
+        for i in range(COUNTED_ORDERS):
+            r = post(api.port, "/v1/orders", {"customer_id": f"c-{i % 1000}",
+                                              "amount": 150000, "currency": "RUB"},
+                     key=new_key("counted"))
+            assert r.status == 201, r
+    return counted(run, COUNTED_ORDERS)
+
+
+def count_sql(script):
+    def run():
+        subprocess.run(["pgbench", "-n", "-M", "extended", "-c", "1", "-t",
+                        str(COUNTED_ORDERS), "-f", os.path.join(ROOT, "bench", script),
+                        DB_URL], check=True, capture_output=True)
+    return counted(run, COUNTED_ORDERS)
+
+
+# --- memory ------------------------------------------------------------------
 
 def peak_rss_mib(api):
     total = 0
@@ -77,11 +272,6 @@ def peak_rss_mib(api):
         with open(f"/proc/{pid}/status") as f:
             total += int(re.search(r"VmHWM:\s+(\d+) kB", f.read()).group(1))
     return total / 1024.0
-
-
-def row(name, r, ceiling=None):
-    ratio = f"{r['rps'] / ceiling['rps']:.2f}" if ceiling else ""
-    return (f"| {name} | {r['rps']:,.0f} | {r['p50']:.2f} | {r['p99']:.2f} | {ratio} |")
 
 
 def pss_mib(api):
@@ -107,6 +297,59 @@ def payment_burst(n=200):
     return elapsed, sum(1 for r in answers if r.status == 201)
 
 
+# --- the report --------------------------------------------------------------
+
+def num(v, fmt):
+    return "" if v is None else format(v, fmt)
+
+
+def row(name, r, floor=None):
+    ratio = f"{r['rps'] / floor['rps']:.2f}" if floor else ""
+    return (f"| {name} | {r['rps']:,.0f} | {r['p50']:.2f} | {r['p99']:.2f} | {ratio} "
+            f"| {r['pg_us']:,.0f} | {num(r['api_us'], ',.0f')} "
+            f"| {r['statements']:.2f} |")
+
+
+def target(ok, text):
+    return f"- {'met' if ok else '**missed**'}: {text}"
+
+
+def machine():
+    with open("/proc/cpuinfo") as f:
+        m = re.search(r"model name\s*:\s*(.*)", f.read())
+    cpu = m.group(1) if m else platform.processor()
+    with open("/proc/meminfo") as f:
+        mem = int(re.search(r"MemTotal:\s+(\d+) kB", f.read()).group(1)) / 1024 / 1024
+    with open(os.path.join(ROOT, "kore.conf")) as f:
+        conf = f.read()
+    workers = re.search(r"^workers\s+(\d+)", conf, re.M).group(1)
+    conns = re.search(r"^pgsql_conn_max\s+(\d+)", conf, re.M).group(1)
+    names = ("server_version", "shared_buffers", "effective_cache_size", "wal_buffers",
+             "max_wal_size", "checkpoint_timeout", "checkpoint_completion_target",
+             "work_mem", "fsync", "synchronous_commit", "full_page_writes")
+    s = dict(sql("select name, current_setting(name) from pg_settings where name in ("
+                 + ",".join(f"'{n}'" for n in names) + ")"))
+    s["server_version"] = sql("show server_version")[0][0].split()[0]
+    via = ("a Unix socket" if re.search(r"host=/", DB_URL) else "TCP on loopback")
+    return (
+        f"{os.cpu_count()} CPUs ({cpu}), {mem:.0f} GiB RAM; {CONNECTIONS} connections,"
+        f" {SECONDS} s per run after {WARMUP} s of warm-up, each run from a vacuumed,"
+        f" checkpointed database; API prod build with {workers} workers ({conns} database"
+        f" connections each); PostgreSQL {s['server_version']} on the same machine over"
+        f" {via}: shared_buffers {s['shared_buffers']}, effective_cache_size"
+        f" {s['effective_cache_size']}, wal_buffers {s['wal_buffers']}, max_wal_size"
+        f" {s['max_wal_size']}, checkpoint_timeout {s['checkpoint_timeout']}"
+        f" (completion target {s['checkpoint_completion_target']}), work_mem"
+        f" {s['work_mem']}; fsync {s['fsync']}, synchronous_commit"
+        f" {s['synchronous_commit']}, full_page_writes {s['full_page_writes']}."
+        " Floors and ceilings run under pgbench at the same concurrency, measured"
+        " from a warm-up on the same connections; floors as prepared statements,"
+        " ceilings in the extended protocol (planned every time) as the API sends"
+        " its calls. CPU is utime + stime from /proc over the measured run: every"
+        " process of the cluster (backends, and those reaped, through the postmaster),"
+        " the API's parent and workers; per request completed.")
+
+
 def main():
     provider = Provider(name="bench-provider", IDEM_PROVIDER_LATENCY_MS=0).start()
     api = Api(name="bench-api", IDEM_PROVIDER_URL=provider.url).start()
@@ -120,50 +363,78 @@ def main():
                                   "currency": "RUB"}, key="bench-replay-order")
     post(api.port, "/v1/payments", {"amount": 10000, "currency": "RUB",
                                     "recipient": "acc-replay"}, key="bench-replay-payment")
-    # Each ceiling runs just before the API on the same work, so that both
+    # Each floor runs just before the API on the same work, so that both
     # meet tables of about the same size.
-    results = {}
-    for ceiling, script, api_run, lua in [
-            ("db_fresh", "order_create.sql", "api_fresh", "orders_fresh.lua"),
-            ("db_lookup", "key_lookup.sql", "api_replay", "orders_replay.lua"),
-            ("db_pay", "payment.sql", "api_pay", "payments_fresh.lua"),
-            ("db_pay_replay", "payment_replay.sql", "api_pay_replay",
-             "payments_replay.lua")]:
-        results[ceiling] = pgbench(script)
-        results[api_run] = wrk(api.port, lua)
+    R = {}
+    R["floor_fresh"] = pgbench("order_floor.sql", "prepared")
+    R["floor_fresh_ext"] = pgbench("order_floor.sql")
+    R["db_fresh"] = pgbench("order_create.sql")
+    R["api_fresh"] = wrk(api, "orders_fresh.lua")
+    R["db_lookup"] = pgbench("key_lookup.sql", "prepared")
+    R["api_replay"] = wrk(api, "orders_replay.lua")
+    R["db_pay"] = pgbench("payment.sql")
+    R["api_pay"] = wrk(api, "payments_fresh.lua", provider)
+    R["db_pay_replay"] = pgbench("payment_replay.sql")
+    R["api_pay_replay"] = wrk(api, "payments_replay.lua")
+    R["api_bare"] = wrk(api, "unauthorized.lua")
+
+    api_all, api_top, api_detail = count_api_order(api)
+    floor_all, _, _ = count_sql("order_floor.sql")
+    tx_all, _, _ = count_sql("order_create.sql")
+
     rss, pss = peak_rss_mib(api), pss_mib(api)
     api.stop()
     os.makedirs(os.path.join(ROOT, "bench", "results"), exist_ok=True)
     with open(os.path.join(ROOT, "bench", "results", "api.log"), "w") as f:
         f.write(api.read_log())
     provider.stop()
+    _session[0].close()
+    progress("payment burst")
     burst, burst_ok = payment_burst()
+    progress("done")
 
-    cpu = ""
-    with open("/proc/cpuinfo") as f:
-        m = re.search(r"model name\s*:\s*(.*)", f.read())
-        cpu = m.group(1) if m else platform.processor()
-
+    fresh, floor = R["api_fresh"], R["floor_fresh"]
+    replay, lookup = R["api_replay"], R["db_lookup"]
+    pay, pay_sql = R["api_pay"], R["db_pay"]
     lines = [
-        f"{os.cpu_count()} CPUs ({cpu}), {CONNECTIONS} connections, {SECONDS} s per run"
-        f" after {WARMUP} s of warm-up,"
-        " API with 2 workers (8 database connections each), PostgreSQL 15 with default"
-        " settings on the same machine, prod build. Ceilings run the same SQL under"
-        " pgbench (extended protocol) at the same concurrency.",
+        machine(),
         "",
-        "| run | req/s | p50 ms | p99 ms | ratio to ceiling |",
-        "|---|---:|---:|---:|---:|",
-        row("ceiling: `tx_run()` of orders.create", results["db_fresh"]),
-        row("API `POST /v1/orders`, fresh keys", results["api_fresh"], results["db_fresh"]),
-        row("ceiling: single-row key lookup", results["db_lookup"]),
-        row("API `POST /v1/orders`, replays of one key", results["api_replay"],
-            results["db_lookup"]),
-        row("ceiling: reserve + provider charge + complete", results["db_pay"]),
-        row("API `POST /v1/payments`, fresh keys, provider latency 0", results["api_pay"],
-            results["db_pay"]),
-        row("ceiling: `lease_reserve()` on a finished key", results["db_pay_replay"]),
-        row("API `POST /v1/payments`, replays of one key", results["api_pay_replay"],
-            results["db_pay_replay"]),
+        "| run | req/s | p50 ms | p99 ms | ratio to floor | PostgreSQL CPU µs/req"
+        " | API CPU µs/req | statements/req |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|",
+        row("floor: the rows of a fresh order in one statement, prepared", floor),
+        row("informative: the same statement, extended protocol (planned every time)",
+            R["floor_fresh_ext"], floor),
+        row("informative: `tx_run()` of orders.create, extended protocol as the API"
+            " sends it", R["db_fresh"], floor),
+        row("API `POST /v1/orders`, fresh keys", fresh, floor),
+        row("floor: single-row key lookup, prepared", lookup),
+        row("API `POST /v1/orders`, replays of one key", replay, lookup),
+        row("ceiling: reserve + provider charge + complete", pay_sql),
+        row("API `POST /v1/payments`, fresh keys, provider latency 0", pay, pay_sql),
+        row("ceiling: `lease_reserve()` on a finished key", R["db_pay_replay"]),
+        row("API `POST /v1/payments`, replays of one key", R["api_pay_replay"],
+            R["db_pay_replay"]),
+        row("API bare handler: `POST /v1/orders` without a token (401, no database)",
+            R["api_bare"]),
+        "",
+        "statements/req: top-level statements per request or transaction"
+        " (pg_stat_statements calls over the run, the API's background jobs included)."
+        f" The fake provider spent {pay['prov_us']:,.0f} µs of CPU per fresh payment.",
+        "",
+        f"Statements per fresh order at every level (pg_stat_statements.track = all,"
+        f" {COUNTED_ORDERS} orders one by one): API {api_all:.1f} ({api_top:.1f}"
+        f" top-level), `tx_run()` under pgbench {tx_all:.1f}, one-statement floor"
+        f" {floor_all:.1f}. The API's, most time first:",
+        "",
+        "| calls/order | mean ms | level | statement |",
+        "|---:|---:|---|---|",
+    ]
+    for calls, mean, top, query in api_detail[:12]:
+        q = query if len(query) <= 90 else query[:87] + "..."
+        lines.append(f"| {calls:.2f} | {mean:.3f} | {'top' if top else 'nested'}"
+                     f" | `{q.replace('|', '/')}` |")
+    lines += [
         "",
         f"200 concurrent payments with distinct keys, provider thinking 300 ms:"
         f" {burst_ok} of 200 created, the last answered after {burst:.2f} s.",
@@ -171,15 +442,38 @@ def main():
         f"API resident memory after the runs: peak RSS summed over parent and workers"
         f" (VmHWM, counts shared libraries once per process) {rss:.1f} MiB;"
         f" proportional set size (PSS) {pss:.1f} MiB.",
+        "",
+        "Targets:",
+        target(fresh["rps"] >= 0.6 * floor["rps"],
+               f"fresh orders at least 0.6 of the one-statement floor:"
+               f" {fresh['rps'] / floor['rps']:.2f}"),
+        target(fresh["p99"] <= 3 * floor["p99"],
+               f"fresh orders' p99 at most 3x the floor's: {fresh['p99']:.2f} ms,"
+               f" {fresh['p99'] / floor['p99']:.1f}x"),
+        target(fresh["api_us"] <= 40,
+               f"API CPU per fresh order at most 40 µs: {fresh['api_us']:,.0f} µs"),
+        target(fresh["pg_us"] <= 1.2 * floor["pg_us"],
+               f"PostgreSQL CPU per order at most 1.2x the floor's:"
+               f" {fresh['pg_us']:,.0f} µs, {fresh['pg_us'] / floor['pg_us']:.2f}x"),
+        target(replay["rps"] >= 0.6 * lookup["rps"] or replay["rps"] >= 40000,
+               f"replays at least 0.6 of the lookup (or 40,000 req/s):"
+               f" {replay['rps'] / lookup['rps']:.2f}, {replay['rps']:,.0f} req/s"),
+        target(pay["rps"] >= 0.6 * pay_sql["rps"],
+               f"payments (provider latency 0) at least 0.6 of their SQL ceiling:"
+               f" {pay['rps'] / pay_sql['rps']:.2f}"),
+        target(rss <= 48, f"API RSS at most 48 MiB: {rss:.1f} MiB"),
     ]
     for name in ("api_fresh", "api_replay", "api_pay", "api_pay_replay"):
-        r = results[name]
+        r = R[name]
         if r["non2xx"] or r["socket_errors"]:
             lines.append(f"WARNING {name}: {r['non2xx']} non-2xx, socket errors: "
                          f"{r['socket_errors']}")
+    bare = R["api_bare"]
+    if bare["non2xx"] != bare["n"] or bare["socket_errors"]:
+        lines.append(f"WARNING api_bare: {bare['n'] - bare['non2xx']} answers other than"
+                     f" the 401, socket errors: {bare['socket_errors']}")
     text = "\n".join(lines)
     print(text)
-    os.makedirs(os.path.join(ROOT, "bench", "results"), exist_ok=True)
     with open(os.path.join(ROOT, "bench", "results", "latest.md"), "w") as f:
         f.write(text + "\n")
 

@@ -39,7 +39,7 @@ cluster_database_url() {
 }
 
 cluster_provider_database_url() {
-	cluster_url "$CLUSTER_PROVIDER_PGPORT"
+	cluster_url "$CLUSTER_PROVIDER_PGPORT" idem "$CLUSTER_DIR/provider-db"
 }
 
 # The environment of pg_autoctl: as postgres when run as root (it refuses

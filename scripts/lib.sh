@@ -13,11 +13,46 @@ pg_bin() {
 	ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V | tail -n 1
 }
 
-# A libpq connection string for a cluster made by cluster_start.
+# Where a cluster made by cluster_start puts its Unix socket: in its data
+# directory, unless the socket's path would pass the 107 bytes a sockaddr_un
+# holds (a deep checkout); then nowhere, and clients use TCP on loopback.
+cluster_socket_dir() {
+	local dir=$1 port=$2
+	if [ $((${#dir} + ${#port} + 10)) -le 100 ]; then
+		echo "$dir"
+	fi
+}
+
+# A libpq connection string for a cluster made by cluster_start on port $1:
+# database $2 (idem), over the Unix socket in data directory $3 (the
+# embedded cluster's for its port) when there is one, else over TCP.
 cluster_url() {
-	echo "host=127.0.0.1 port=$1 dbname=${2:-idem} user=idem" \
+	local port=$1 db=${2:-idem} dir=${3:-} host=127.0.0.1 sock
+	if [ -z "$dir" ] && [ "$port" = "$EMBEDDED_PGPORT" ]; then
+		dir=$EMBEDDED_PGDATA
+	fi
+	if [ -n "$dir" ]; then
+		sock=$(cluster_socket_dir "$dir" "$port")
+		if [ -n "$sock" ] && [ -S "$sock/.s.PGSQL.$port" ]; then
+			host=$sock
+		fi
+	fi
+	echo "host=$host port=$port dbname=$db user=idem" \
 	    "sslmode=disable gssencmode=disable connect_timeout=3"
 }
+
+# The settings of a production server on this machine (2 cores, 24 GiB of
+# RAM, PostgreSQL alone with the API): a buffer cache that holds the
+# working set, the planner told about the page cache, checkpoints every 15
+# minutes or 4 GB of WAL (so that they do not dominate a benchmark), spread
+# over 90% of the interval. Durability stays at the defaults: fsync,
+# synchronous_commit and full_page_writes on. IDEM_PG_OPTIONS adds more
+# (make bench: pg_stat_statements).
+CLUSTER_SETTINGS="-c max_connections=200 -c shared_buffers=1GB \
+-c effective_cache_size=16GB -c wal_buffers=16MB -c max_wal_size=4GB \
+-c min_wal_size=512MB -c checkpoint_timeout=15min \
+-c checkpoint_completion_target=0.9 -c work_mem=8MB \
+-c maintenance_work_mem=256MB"
 
 # PostgreSQL refuses to run as root: run its programs as postgres then.
 as_postgres() {
@@ -29,7 +64,8 @@ as_postgres() {
 }
 
 # Creates the cluster in $1 on the first call, starts it on port $2 (TCP on
-# loopback only, no Unix socket) and creates the database idem.
+# loopback, and a Unix socket in $1: cluster_socket_dir) and creates the
+# database idem.
 cluster_start() {
 	local dir=$1 port=$2 bin
 	bin=$(pg_bin)
@@ -46,13 +82,14 @@ cluster_start() {
 		as_postgres "$bin/pg_ctl" -D "$dir" -w -t 60 \
 		    -l "$dir/server.log" -o "-p $port \
 		    -c listen_addresses=127.0.0.1 \
-		    -c unix_socket_directories= -c max_connections=200" \
+		    -c unix_socket_directories='$(cluster_socket_dir "$dir" "$port")' \
+		    $CLUSTER_SETTINGS ${IDEM_PG_OPTIONS:-}" \
 		    start >/dev/null
 	fi
 
-	if [ -z "$(psql "$(cluster_url "$port" postgres)" -XAtq -c \
+	if [ -z "$(psql "$(cluster_url "$port" postgres "$dir")" -XAtq -c \
 	    "select 1 from pg_database where datname = 'idem'")" ]; then
-		psql "$(cluster_url "$port" postgres)" -Xq -c \
+		psql "$(cluster_url "$port" postgres "$dir")" -Xq -c \
 		    "create database idem"
 	fi
 }
