@@ -476,6 +476,12 @@ def main():
     print(text)
     with open(os.path.join(ROOT, "bench", "results", "latest.md"), "w") as f:
         f.write(text + "\n")
+    # A figure of wrong answers is no figure: an API run that got any
+    # answer but its 2xx (the bare run: any but its 401) fails the bench.
+    wrong = [n for n in ("api_fresh", "api_replay", "api_pay", "api_pay_replay")
+             if R[n]["non2xx"]] + (["api_bare"] if bare["non2xx"] != bare["n"] else [])
+    if wrong:
+        sys.exit(f"make bench: wrong answers in {', '.join(wrong)}")
 
 
 if __name__ == "__main__":
