@@ -6,8 +6,9 @@ Retries, with the same key, on:
   - no answer: a timeout, a refused or reset connection (the payment may
     or may not have been made; only a retry with the same key can tell);
   - 409 (a request with this key is still running), 429 (too many);
-  - 500, 502, 503, 504 (not a saved answer: the retry carries the
-    payment on, or replays it if it was made after all).
+  - 500, 502, 503, 504 (no answer was saved for the key, or, after a 503
+    for a commit the database's standby did not confirm, the outcome is
+    unknown: either way the retry carries the payment on or replays it).
 Stops on any other answer, which is final: a 2xx, or a 4xx such as 400
 (a malformed request), 401 (the token), 402 (declined), 422 (the key was
 used for another body, or the provider refused the payment for good); and
