@@ -65,6 +65,13 @@ cluster_stop() {
 	fi
 }
 
+# True while a server runs on the cluster in $1 (pg_ctl status: its
+# postmaster.pid names a live postmaster).
+cluster_running() {
+	[ -f "$1/postmaster.pid" ] &&
+	    as_postgres "$(pg_bin)/pg_ctl" -D "$1" status >/dev/null 2>&1
+}
+
 # Applies every migration in sql/ in order; each is safe to apply twice.
 migrate() {
 	apply_sql "$1" "$ROOT"/sql/*.sql
