@@ -6,31 +6,43 @@ Retries, with the same key, on:
   - no answer: a timeout, a refused or reset connection (the payment may
     or may not have been made; only a retry with the same key can tell);
   - 409 (a request with this key is still running), 429 (too many);
-  - 500, 502, 503, 504 (nothing was saved: the retry carries it on).
+  - 500, 502, 503, 504 (no answer was saved for the key, or, after a 503
+    for a commit the database's standby did not confirm, the outcome is
+    unknown: either way the retry carries the payment on or replays it).
 Stops on any other answer, which is final: a 2xx, or a 4xx such as 400
 (a malformed request), 401 (the token), 402 (declined), 422 (the key was
-used for another body, or the provider refused the payment for good).
+used for another body, or the provider refused the payment for good); and
+on any replayed answer (Idempotent-Replayed: true), a 5xx included: it is
+the key's saved answer, which every retry would get again.
 
 Waits between attempts: the server's Retry-After (seconds, or an HTTP
 date) when it sends one, never less; otherwise a capped exponential
 backoff with jitter (a random wait between half and all of
 min(--max-delay, --base-delay * 2^(attempt-1))). Gives up after
---max-attempts attempts or --deadline seconds in all, whichever is first.
+--max-attempts attempts or --deadline seconds in all, whichever is first;
+the defaults (20 attempts, 120 s) outlast an attempt cut by the client's
+own timeout: the key stays taken until its lease ends (30 s), and the
+attempt that then takes it over waits for the provider (up to 10 s).
 
 Each attempt is printed on stderr; the final body on stdout. Exit status:
-0 a 2xx; 1 a final refusal (4xx); 3 gave up without a final answer (the
-outcome is unknown: run again with --key and the same body to learn it).
-Python 3 standard library only.
+0 a 2xx; 1 another final answer (a 4xx, or a replayed 5xx); 3 gave up
+without a final answer (the outcome is unknown: run again with --key and
+the same body to learn it). The API is --url, else $IDEM_URL, else
+http://127.0.0.1:$IDEM_PORT (8888 when unset). Python 3 standard library
+only.
 
   python3 examples/pay.py --amount 10000 --recipient acc-1 --purpose "order 17"
 """
 
 import argparse
+import datetime
 import email.utils
 import http
 import http.client
 import json
+import os
 import random
+import re
 import sys
 import time
 import urllib.parse
@@ -39,11 +51,18 @@ import uuid
 RETRY_STATUSES = {409, 429, 500, 502, 503, 504}
 
 
+def default_url():
+    """$IDEM_URL, else the API of make run on $IDEM_PORT (8888)."""
+    return os.environ.get("IDEM_URL") or \
+        f"http://127.0.0.1:{os.environ.get('IDEM_PORT') or 8888}"
+
+
 def parse_args(argv):
     p = argparse.ArgumentParser(description="Make a payment through the idem API, "
                                 "retrying with one Idempotency-Key.")
-    p.add_argument("--url", default="http://127.0.0.1:8888",
-                   help="the API (default: make run's, %(default)s)")
+    p.add_argument("--url", default=default_url(),
+                   help="the API (default: $IDEM_URL, else make run's on "
+                   "$IDEM_PORT: %(default)s)")
     p.add_argument("--token", default="dev-shop-1",
                    help="the bearer token (default: the dev client shop-1's)")
     p.add_argument("--amount", type=int, default=10000,
@@ -56,7 +75,8 @@ def parse_args(argv):
                    "key of an earlier run, with its body, to finish that payment")
     p.add_argument("--timeout", type=float, default=15.0,
                    help="seconds one attempt may take (default: %(default)s)")
-    p.add_argument("--max-attempts", type=int, default=10)
+    p.add_argument("--max-attempts", type=int, default=20,
+                   help="attempts in all (default: %(default)s)")
     p.add_argument("--deadline", type=float, default=120.0,
                    help="seconds for all attempts and waits (default: %(default)s)")
     p.add_argument("--base-delay", type=float, default=0.5,
@@ -95,12 +115,19 @@ def retry_after(value):
     if value is None:
         return None
     value = value.strip()
-    if value.isdigit():
+    # ASCII digits only: str.isdigit() takes any script's digits too.
+    if re.fullmatch(r"[0-9]+", value):
         return float(value)
     try:
         when = email.utils.parsedate_to_datetime(value)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, IndexError):
         return None
+    if when is None:
+        return None
+    # An HTTP date is in GMT; its asctime form names no zone, and Python
+    # reads a datetime without one as local time.
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=datetime.timezone.utc)
     return max(0.0, when.timestamp() - time.time())
 
 
@@ -152,11 +179,12 @@ def main(argv):
             ra = hdrs.get("retry-after")
             say(f"attempt {n}: {status} {reason}{problem_type(hdrs, data)}{replayed}"
                 + (f", Retry-After: {ra}" if ra is not None else ""))
-            if status not in RETRY_STATUSES:
+            if status not in RETRY_STATUSES or replayed:
                 sys.stdout.write(data.decode("utf-8", "replace") + "\n")
                 if 200 <= status < 300:
                     return 0
-                say("a final refusal: not retried")
+                say("the key's saved answer: not retried" if replayed
+                    else "a final refusal: not retried")
                 return 1
             wait_at_least = retry_after(ra)
 

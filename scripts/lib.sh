@@ -102,6 +102,13 @@ cluster_stop() {
 	fi
 }
 
+# True while a server runs on the cluster in $1 (pg_ctl status: its
+# postmaster.pid names a live postmaster).
+cluster_running() {
+	[ -f "$1/postmaster.pid" ] &&
+	    as_postgres "$(pg_bin)/pg_ctl" -D "$1" status >/dev/null 2>&1
+}
+
 # Applies every migration in sql/ in order; each is safe to apply twice.
 migrate() {
 	apply_sql "$1" "$ROOT"/sql/*.sql
@@ -132,15 +139,46 @@ load_dev_data() {
 # well as the script it runs, and make then reports the interrupt ("***
 # Interrupt", status 130) whatever the script does. So a script started in
 # a terminal's foreground runs itself again as a job of its own (set -m),
-# which the terminal then signals alone: make only sees it exit, with the
-# status it chose. Ctrl-Z is ignored there (stopping that job would leave
-# make waiting on nothing). Called as: run_alone_in_terminal "$0" "$@".
+# in its own process group, which gets the terminal: a Ctrl-C signals that
+# job alone, and make only sees it exit, with the status it chose. Ctrl-Z
+# is ignored there (stopping that job would leave make waiting on
+# nothing).
+#
+# The outer script waits for that job in the background, not as bash waits
+# for a foreground one (a trap runs only after such a wait): make passes a
+# SIGTERM (or a SIGHUP) to the outer script only, which passes it to the
+# job's process group, waits until the job has stopped everything it
+# started, takes the terminal back and exits with its status. It ignores
+# SIGINT itself. Called as: run_alone_in_terminal "$0" "$@".
 run_alone_in_terminal() {
-	local pgid tpgid
+	local pgid tpgid child status
 	[ -z "${IDEM_ALONE_IN_TERMINAL:-}" ] || { trap '' TSTP; return 0; }
 	read -r pgid tpgid < <(ps -o pgid=,tpgid= -p $$) || return 0
 	[ "$pgid" = "$tpgid" ] || return 0
 	export IDEM_ALONE_IN_TERMINAL=1
 	set -m
-	"$@" && exit 0 || exit $?
+	"$@" &
+	child=$!
+	set +m
+	trap '' INT
+	trap 'kill -TERM -- -$child 2>/dev/null' TERM
+	trap 'kill -HUP -- -$child 2>/dev/null' HUP
+	give_terminal_to "$child"
+	# wait returns early, above 128, when a trapped signal arrives; a
+	# second wait on a job that has ended returns its status.
+	while :; do
+		wait "$child" && status=0 || status=$?
+		kill -0 "$child" 2>/dev/null || break
+	done
+	give_terminal_to "$(ps -o pgid= -p $$)"
+	exit "$status"
+}
+
+# Makes process group $1 the controlling terminal's foreground group (from
+# a background group too: SIGTTOU ignored).
+give_terminal_to() {
+	python3 -c 'import os, signal, sys
+signal.signal(signal.SIGTTOU, signal.SIG_IGN)
+fd = os.open("/dev/tty", os.O_RDWR)
+os.tcsetpgrp(fd, int(sys.argv[1]))' "$1" 2>/dev/null || true
 }

@@ -7,7 +7,7 @@
  *
  * client is the client id the token authenticated, never the token; key
  * is the Idempotency-Key as the service read it (its RFC 8941 quotes
- * removed); outcome is the metrics' outcome (created, replayed,
+ * removed; "-" when it is missing or malformed); outcome is the metrics' outcome (created, replayed,
  * in_flight_409, ...). A field the request never reached is "-".
  *
  * Kore's own access log (the accesslog directive) has a fixed format and

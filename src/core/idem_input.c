@@ -13,6 +13,7 @@
 
 #include "idem.h"
 
+static int	key_parse(const char *, char *);
 static int	text_valid(const char *, size_t, size_t, size_t, int);
 static int	percent_decode(const char *, size_t, int, char *, size_t,
 		    size_t *);
@@ -30,13 +31,26 @@ idem_id_valid(const char *s, size_t len)
 	    json_utf8_valid(s, len));
 }
 
+
 /*
  * An Idempotency-Key is 1 to 255 visible ASCII characters, sent bare or as
  * an RFC 8941 string ("abc" means abc, with \" and \\ escapes). out holds
- * IDEM_KEY_MAX + 1 bytes.
+ * IDEM_KEY_MAX + 1 bytes: the key when it is valid, else the empty string
+ * (never the part read before the fault: the access log shows out).
  */
 int
 idem_key_parse(const char *value, char *out)
+{
+	if (key_parse(value, out))
+		return (KORE_RESULT_OK);
+
+	out[0] = '\0';
+
+	return (KORE_RESULT_ERROR);
+}
+
+static int
+key_parse(const char *value, char *out)
 {
 	size_t		len;
 	const char	*p;

@@ -400,10 +400,12 @@ lease_respond_unsaved(struct http_request *req)
 		after = db_call_field(&r->db, "retry_after");
 		http_response_header(req, "retry-after",
 		    *after != '\0' ? after : "1");
-		metrics_request(r->route, OUTCOME_IN_FLIGHT, r->started);
+		r->outcome = OUTCOME_IN_FLIGHT;
 	} else {
-		metrics_request(r->route, OUTCOME_INVALID, r->started);
+		r->outcome = OUTCOME_INVALID;
 	}
+	/* Counted as idem_fail() counts, and so logged (accesslog.c). */
+	metrics_request(r->route, r->outcome, r->started);
 	http_response_header(req, "content-type", PROBLEM_CONTENT_TYPE);
 	http_response(req, status, db_call_field(&r->db, "response"),
 	    db_call_field_length(&r->db, "response"));

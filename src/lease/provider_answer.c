@@ -16,7 +16,10 @@
  * A 408 and a 429 are not refusals either: the provider did not take the
  * request up (it came too late, or too many came), so it may be sent again.
  * A 408 is also what Kore, and other servers, write on a kept-alive
- * connection they time out, which a request sent on it may read.
+ * connection they time out, which a request sent on it may read: the
+ * provider client avoids those connections and resends such a request
+ * once on a fresh one (provider_client.c), so a 408 that gets here is the
+ * provider's.
  */
 
 #include <sys/types.h>

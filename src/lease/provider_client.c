@@ -16,6 +16,24 @@
 #define RESPONSE_MAX		65536
 
 /*
+ * A kept-alive connection to the provider is reused only while it has been
+ * idle for less than this many seconds. Servers time out an idle kept-alive
+ * connection (Kore, the fake provider: http_header_timeout, 10 s by
+ * default; Apache and Node.js: 5 s); Kore writes a 408 on it before it
+ * closes it, and a request sent on that connection read the stale 408 as
+ * the provider's answer: a 502 from a healthy provider. libcurl's default
+ * (118 s) is above all of them. CURLOPT_MAXAGE_CONN: libcurl >= 7.65
+ * (Debian 12 has 7.88).
+ */
+#define PROVIDER_CONN_MAXAGE_S	4L
+
+/*
+ * A 408 on a reused connection is sent once more on a fresh one (see
+ * call_resend()), if at least this much of the call's timeout is left.
+ */
+#define PROVIDER_RESEND_MIN_MS	100L
+
+/*
  * A socket libcurl asked us to watch; Kore's epoll loop hands it back to
  * socket_ready() as the event's data.
  *
@@ -46,6 +64,7 @@ static void	timeout_fired(void *, u_int64_t);
 static void	graveyard_free(void *, u_int64_t);
 static void	collect_finished(void);
 static size_t	response_append(char *, size_t, size_t, void *);
+static int	call_resend(struct provider_call *, CURL *);
 
 static CURLM			*multi = NULL;
 static struct kore_timer	*timer = NULL;
@@ -110,6 +129,7 @@ provider_call_start(struct provider_call *call, const char *path,
 
 	kore_buf_init(&call->response, 256);
 	call->done = 0;
+	call->resent = 0;
 
 	if ((call->easy = curl_easy_init()) == NULL)
 		fatal("curl_easy_init failed");
@@ -127,6 +147,8 @@ provider_call_start(struct provider_call *call, const char *path,
 	curl_easy_setopt(call->easy, CURLOPT_TIMEOUT_MS,
 	    (long)settings.provider_timeout_ms);
 	curl_easy_setopt(call->easy, CURLOPT_NOSIGNAL, 1L);
+	curl_easy_setopt(call->easy, CURLOPT_MAXAGE_CONN,
+	    PROVIDER_CONN_MAXAGE_S);
 	curl_easy_setopt(call->easy, CURLOPT_WRITEFUNCTION, response_append);
 	curl_easy_setopt(call->easy, CURLOPT_WRITEDATA, call);
 	curl_easy_setopt(call->easy, CURLOPT_ERRORBUFFER, call->errbuf);
@@ -280,6 +302,8 @@ collect_finished(void)
 		call->result = msg->data.result;
 		curl_easy_getinfo(msg->easy_handle, CURLINFO_RESPONSE_CODE,
 		    &call->status);
+		if (call_resend(call, msg->easy_handle))
+			continue;
 		/* Kept in the call: provider_answer.c reads nothing else. */
 		if (curl_easy_getinfo(msg->easy_handle, CURLINFO_RETRY_AFTER,
 		    &call->retry_after_sent) != CURLE_OK)
@@ -292,6 +316,56 @@ collect_finished(void)
 		if (call->cb != NULL)
 			call->cb(call, call->arg);
 	}
+}
+
+/*
+ * A 408 read on a reused connection is, most likely, the one the server
+ * wrote when it timed the idle connection out, before our request reached
+ * it: PROVIDER_CONN_MAXAGE_S makes that rare but cannot rule it out (the
+ * server's idle timeout is not known, and it may close just as the request
+ * goes out). A 408 says the server did not read the request, and the call
+ * carries the same derived Idempotency-Key, so the request is sent once
+ * more, on a fresh connection, within what is left of the call's timeout.
+ * A 408 on a fresh connection, or on the resend, is the provider's answer.
+ */
+static int
+call_resend(struct provider_call *call, CURL *easy)
+{
+	CURLMcode	rc;
+	curl_off_t	spent_us;
+	long		connects, left_ms;
+
+	if (call->resent || call->result != CURLE_OK || call->status != 408)
+		return (0);
+
+	if (curl_easy_getinfo(easy, CURLINFO_NUM_CONNECTS, &connects) !=
+	    CURLE_OK || connects != 0)
+		return (0);
+
+	if (curl_easy_getinfo(easy, CURLINFO_TOTAL_TIME_T, &spent_us) !=
+	    CURLE_OK)
+		return (0);
+
+	left_ms = (long)settings.provider_timeout_ms - (long)(spent_us / 1000);
+	if (left_ms < PROVIDER_RESEND_MIN_MS)
+		return (0);
+
+	kore_log(LOG_NOTICE, "provider answered 408 on a reused connection: "
+	    "sending the request again on a fresh one");
+
+	curl_multi_remove_handle(multi, easy);
+	call->resent = 1;
+	call->status = 0;
+	call->errbuf[0] = '\0';
+	kore_buf_reset(&call->response);
+
+	curl_easy_setopt(easy, CURLOPT_FRESH_CONNECT, 1L);
+	curl_easy_setopt(easy, CURLOPT_TIMEOUT_MS, left_ms);
+
+	if ((rc = curl_multi_add_handle(multi, easy)) != CURLM_OK)
+		fatal("curl_multi_add_handle: %s", curl_multi_strerror(rc));
+
+	return (1);
 }
 
 static size_t

@@ -22,6 +22,8 @@ struct provider_call {
 	struct kore_buf		response;
 	char			errbuf[CURL_ERROR_SIZE];
 	int			done;
+	/* Sent again after a 408 on a reused connection (provider_client.c). */
+	int			resent;
 	CURLcode		result;
 	long			status;
 	/* The answer's Retry-After in seconds as libcurl read it, or 0. */

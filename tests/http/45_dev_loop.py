@@ -13,6 +13,7 @@ Runs on a copy of the tree, so that the edits touch nothing of the repo."""
 import fcntl
 import os
 import pty
+import re
 import shutil
 import signal
 import subprocess
@@ -43,9 +44,6 @@ env = dict(os.environ, IDEM_DATABASE_URL=DB_URL, IDEM_PORT=str(port),
            IDEM_PROVIDER_URL=f"http://127.0.0.1:{provider_port}",
            IDEM_RECOVERY_AFTER_SECONDS="604800",
            IDEM_CLEANUP_INTERVAL_SECONDS="86400")
-logpath = os.path.join(TMP, "devloop.log")
-log = open(logpath, "wb", buffering=0)
-terminal, tty = pty.openpty()
 
 
 def take_terminal():
@@ -53,29 +51,68 @@ def take_terminal():
     fcntl.ioctl(0, termios.TIOCSCTTY, 0)
 
 
-run = subprocess.Popen(["make", "-s", "run"], cwd=copy, env=env, stdin=tty, stdout=tty,
-                       stderr=tty, start_new_session=True, preexec_fn=take_terminal)
-os.close(tty)
+class MakeRun:
+    """`make -s run` in the copy, in a pseudo-terminal of its own, with
+    what it prints in a log."""
 
+    def __init__(self, name, env):
+        self.logpath = os.path.join(TMP, f"{name}.log")
+        self.log = open(self.logpath, "wb", buffering=0)
+        self.terminal, tty = pty.openpty()
+        self.proc = subprocess.Popen(["make", "-s", "run"], cwd=copy, env=env, stdin=tty,
+                                     stdout=tty, stderr=tty, start_new_session=True,
+                                     preexec_fn=take_terminal)
+        os.close(tty)
+        self.reader = threading.Thread(target=self.copy_terminal, daemon=True)
+        self.reader.start()
 
-def copy_terminal():
-    while True:
+    def copy_terminal(self):
+        while True:
+            try:
+                data = os.read(self.terminal, 4096)
+            except OSError:
+                return
+            if not data:
+                return
+            self.log.write(data)
+
+    def output(self):
+        with open(self.logpath, errors="replace") as f:
+            return f.read()
+
+    def ctrl_c(self):
+        os.write(self.terminal, b"\x03")
+
+    def wait(self, timeout=60):
+        """Its exit status; None if it did not end in time (then it and
+        everything of its session are killed)."""
         try:
-            data = os.read(terminal, 4096)
-        except OSError:
-            return
-        if not data:
-            return
-        log.write(data)
+            status = self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            status = None
+        kill_session(self.proc.pid)
+        self.proc.wait(10)
+        self.reader.join(5)
+        return status
 
 
-reader = threading.Thread(target=copy_terminal, daemon=True)
-reader.start()
+def kill_session(sid):
+    """SIGKILL to whatever still runs in session sid (the job a killed
+    make left behind)."""
+    for pid in os.listdir("/proc"):
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                if int(f.read().rsplit(")", 1)[1].split()[3]) == sid:
+                    os.kill(int(pid), signal.SIGKILL)
+        except (OSError, ValueError, IndexError):
+            pass
+
+
+run = MakeRun("devloop", env)
 
 
 def output():
-    with open(logpath, errors="replace") as f:
-        return f.read()
+    return run.output()
 
 
 def answers():
@@ -112,7 +149,7 @@ def order(comment):
 
 
 try:
-    wait_until(lambda: run.poll() is not None or answers(), "make run to serve",
+    wait_until(lambda: run.proc.poll() is not None or answers(), "make run to serve",
                timeout=180)
     t.ok(answers(), "make run serves the API", output()[-3000:])
     before = workers()
@@ -167,17 +204,12 @@ finally:
         pids = workers()
     except (OSError, ValueError):
         pass
-    if run.poll() is None:
-        os.write(terminal, b"\x03")
-    try:
-        status = run.wait(60)
-    except subprocess.TimeoutExpired:
-        os.killpg(run.pid, signal.SIGKILL)
-        for p in pids:
-            if alive(p):
-                os.kill(p, signal.SIGKILL)
-        status = run.wait(10)
-    reader.join(5)
+    if run.proc.poll() is None:
+        run.ctrl_c()
+    status = run.wait()
+    for p in pids:
+        if alive(p):
+            os.kill(p, signal.SIGKILL)
 
 t.ok(status == 0, "Ctrl-C stops make run with exit status 0",
      f"status {status}\n" + output()[-1500:])
@@ -186,6 +218,82 @@ t.ok("Interrupt" not in output() and "Error" not in output().split("stopped")[-1
 time.sleep(0.5)
 t.ok(not answers(), "and the API with it")
 t.ok(not any(alive(p) for p in pids), "no worker is left behind")
+
+# make run on the embedded cluster (the copy's .pgdata, on a port of its
+# own), stopped with SIGTERM to make, as a process manager or `kill`
+# stops it, then with two Ctrl-Cs a second apart, as an impatient user
+# stops it: either way all of it stops, the cluster too.
+embedded = dict(env, IDEM_EMBEDDED_PGPORT=str(free_port()))
+del embedded["IDEM_DATABASE_URL"]
+pgdata = os.path.join(copy, ".pgdata")
+
+
+def children(pid):
+    try:
+        with open(f"/proc/{pid}/task/{pid}/children") as f:
+            return [int(p) for p in f.read().split()]
+    except OSError:
+        return []
+
+
+def stack():
+    """The stack's processes: both kore parents, their workers, and the
+    cluster's postmaster."""
+    pids = []
+    for name in ("kore.pid", "provider.pid", ".pgdata/postmaster.pid"):
+        with open(os.path.join(copy, name)) as f:
+            pid = int(f.readline())
+        pids += [pid] + children(pid)
+    return pids
+
+
+def provider_answers():
+    try:
+        return request(provider_port, "GET", "/v1/charges?idempotency_key=x",
+                       timeout=2).status == 200
+    except OSError:
+        return False
+
+
+for how in ("SIGTERM", "Ctrl-C twice"):
+    for name in ("kore.pid", "provider.pid"):
+        if os.path.exists(os.path.join(copy, name)):
+            os.unlink(os.path.join(copy, name))
+    run = MakeRun("devloop-" + how.split()[0].lower(), embedded)
+    pids = []
+    try:
+        wait_until(lambda: run.proc.poll() is not None or
+                   (answers() and provider_answers() and
+                    os.path.exists(os.path.join(copy, "provider.pid"))),
+                   f"make run on the embedded cluster to serve ({how})", timeout=180)
+        pids = stack()
+        t.ok(answers() and len(pids) > 4 and all(alive(p) for p in pids),
+             f"make run serves on the embedded cluster ({how})", output()[-2000:])
+        if how == "SIGTERM":
+            os.kill(run.proc.pid, signal.SIGTERM)
+        else:
+            run.ctrl_c()
+            time.sleep(1)
+            run.ctrl_c()
+    finally:
+        status = run.wait()
+        left = [p for p in pids if alive(p)]
+        for p in left:
+            os.kill(p, signal.SIGKILL)
+    if how == "SIGTERM":
+        t.ok(status is not None, "SIGTERM to make: make run ends", output()[-1500:])
+    else:
+        t.eq(status, 0, "two Ctrl-Cs: make run ends with exit status 0")
+        t.ok("Interrupt" not in output(), "and make reports no interrupt", output()[-800:])
+    t.ok("stopped" in output(), f"{how}: the stack says it stopped", output()[-1500:])
+    t.ok(all(re.search(rf"^{who} +\| .*goodbye", output(), re.M)
+             for who in ("provider", "api")),
+         f"{how}: and the servers' last lines reach the terminal", output()[-1500:])
+    time.sleep(0.5)
+    t.eq(left, [], f"{how}: no kore process, no postgres of the cluster left")
+    t.ok(not answers() and not provider_answers(), f"{how}: the API and provider no longer answer")
+subprocess.run(["bash", "-c", f'. "{copy}/scripts/lib.sh"; cluster_stop "{pgdata}"'],
+               env=embedded)
 
 # kodev as Kore users run it, in the checkout make built once: kodev build
 # compiles an edited .c file, and kodev run serves it (kodev names the
@@ -203,10 +311,13 @@ try:
 finally:
     os.killpg(kodev.pid, signal.SIGINT)
     try:
-        kodev.wait(30)
+        kodev_status = kodev.wait(30)
     except subprocess.TimeoutExpired:
+        kodev_status = None
         os.killpg(kodev.pid, signal.SIGKILL)
         kodev.wait(10)
-t.ok(not answers(), "and stops on Ctrl-C")
+t.ok(kodev_status is not None, "kodev run stops on Ctrl-C (within 30 s)")
+t.eq(kodev_status, 0, "with exit status 0")
+t.ok(not answers(), "and the API with it")
 shutil.rmtree(copy, ignore_errors=True)
 t.done()

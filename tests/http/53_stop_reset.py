@@ -1,15 +1,17 @@
 """make db, make stop, make reset on the embedded cluster: stop keeps the
-data, reset deletes it. Runs on a copy of the tree with a cluster of its
+data, reset deletes it; with IDEM_DATABASE_URL set both leave the cluster
+alone, and a reset whose stop failed keeps the data. Runs on a copy of the tree with a cluster of its
 own (IDEM_EMBEDDED_PGPORT), so that it touches neither the repository's
 .pgdata nor anyone's port."""
 
 import os
 import shutil
+import signal
 import subprocess
 import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "lib"))
-from harness import ROOT, TMP, Tap, free_port  # noqa: E402
+from harness import ROOT, TMP, Tap, alive, free_port, wait_until  # noqa: E402
 
 t = Tap()
 
@@ -25,9 +27,14 @@ url = (f"host=127.0.0.1 port={port} dbname=idem user=idem sslmode=disable "
        "gssencmode=disable connect_timeout=3")
 
 
-def make(target):
-    return subprocess.run(["make", "-s", "-C", copy, target], env=env,
+def make(target, **extra):
+    return subprocess.run(["make", "-s", "-C", copy, target], env=dict(env, **extra),
                           capture_output=True, text=True, timeout=300)
+
+
+def postmaster():
+    with open(os.path.join(pgdata, "postmaster.pid")) as f:
+        return int(f.readline())
 
 
 def psql(query):
@@ -41,6 +48,33 @@ try:
     t.eq(psql("select count(*) from clients").stdout.strip(), "2",
          "the cluster answers, with the dev clients")
     psql("create table stop_reset_mark (x int)")
+
+    # Another database in IDEM_DATABASE_URL: the embedded cluster is not
+    # make db's, nor make run's, so not make stop's or make reset's either.
+    for target in ("stop", "reset"):
+        r = make(target, IDEM_DATABASE_URL="host=127.0.0.1 port=1 dbname=elsewhere")
+        t.ok(r.returncode == 0 and "left alone" in r.stdout,
+             f"make {target} with IDEM_DATABASE_URL set says it leaves the cluster alone",
+             r.stdout + r.stderr)
+        t.eq(psql("select count(*) from stop_reset_mark").stdout.strip(), "0",
+             f"and make {target} left it running, with its data")
+
+    # A reset whose stop fails (a postmaster that does not answer, here a
+    # stopped one) deletes nothing under the running server.
+    pid = postmaster()
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        r = make("reset", PGCTLTIMEOUT="3")
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    t.ok(r.returncode != 0 and "did not stop" in r.stderr,
+         "make reset says when the cluster did not stop", r.stdout + r.stderr)
+    t.ok(os.path.isfile(os.path.join(pgdata, "PG_VERSION")), "and keeps its data")
+    # Woken, the postmaster gets the stop it was sent.
+    wait_until(lambda: not alive(pid), "the woken postmaster to stop", timeout=60)
+    make("db")
+    t.eq(psql("select count(*) from stop_reset_mark").stdout.strip(), "0",
+         "which make db serves again")
 
     r = make("stop")
     t.ok(r.returncode == 0 and "stopped" in r.stdout, "make stop", r.stdout + r.stderr)

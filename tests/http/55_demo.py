@@ -3,12 +3,14 @@ built: it exits 0 and shows the naive route charging more than once and
 the lease route once; afterwards its servers, its cluster and its
 directory are gone, also after a Ctrl-C in the middle of the race."""
 
+import http.server
 import os
 import re
 import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "lib"))
@@ -25,7 +27,7 @@ N = 3
 
 
 def ports():
-    return {"IDEM_PORT": str(free_port()), "IDEM_PROVIDER_PORT": str(free_port()),
+    return {"IDEM_DEMO_PORT": str(free_port()), "IDEM_DEMO_PROVIDER_PORT": str(free_port()),
             "IDEM_DEMO_PGPORT": str(free_port())}
 
 
@@ -33,7 +35,33 @@ def env(p, **extra):
     e = dict(os.environ, IDEM_DEMO_BUILD="0", IDEM_DEMO_REQUESTS=str(N),
              IDEM_PROVIDER_LATENCY_MS="500", **p)
     e.update(extra)
+    # Python's output into a pipe as a user's shell has it: held until
+    # exit unless the demo asks for every line as it comes.
+    e.pop("PYTHONUNBUFFERED", None)
     return e
+
+
+class Impostor(http.server.BaseHTTPRequestHandler):
+    """What make run's servers look like to the demo's readiness checks."""
+
+    def do_GET(self):
+        body = b'{"charges": []}'
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def do_POST(self):
+        self.send_error(418)
+
+    def log_message(self, *args):
+        pass
+
+
+def impostor():
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Impostor)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server
 
 
 def listening(port):
@@ -61,10 +89,15 @@ def left_behind(out, p):
     return left
 
 
-# The whole demo.
+# The whole demo, in a shell that exports make run's ports, with make run
+# (here servers that answer 200 to anything) listening on them: the demo
+# runs on ports of its own.
+busy = [impostor(), impostor()]
 p = ports()
 started = time.monotonic()
-run = subprocess.run([DEMO], env=env(p), capture_output=True, text=True, timeout=120)
+run = subprocess.run([DEMO], env=env(p, IDEM_PORT=str(busy[0].server_address[1]),
+                                     IDEM_PROVIDER_PORT=str(busy[1].server_address[1])),
+                     capture_output=True, text=True, timeout=120)
 seconds = time.monotonic() - started
 out = run.stdout
 t.note(out)
@@ -91,26 +124,44 @@ t.ok(re.search(r"the provider finds 0 \(the naive route sent fresh provider keys
      "the naive side's charges are not under the derived key", out)
 t.eq(left_behind(out, p), [], "nothing left behind: directory, ports, processes")
 
-# Ctrl-C while the naive race runs: the terminal's SIGINT reaches the
-# whole foreground group.
+# A port of its own that is taken: it says so and starts nothing.
+p = ports()
+p["IDEM_DEMO_PORT"] = str(busy[0].server_address[1])
+taken = subprocess.run([DEMO], env=env(p), capture_output=True, text=True, timeout=30)
+t.ok(taken.returncode == 2 and f"port {p['IDEM_DEMO_PORT']} (IDEM_DEMO_PORT) is taken"
+     in taken.stderr and "throwaway cluster" not in taken.stdout,
+     "IDEM_DEMO_PORT taken: exit 2 before anything starts", taken)
+for server in busy:
+    server.shutdown()
+    server.server_close()
+
+# Ctrl-C while the naive race runs (its requests are out: the line before
+# them has come through the pipe as it was printed): the terminal's SIGINT
+# reaches the whole foreground group, twice, as an impatient user's.
 p = ports()
 proc = subprocess.Popen([DEMO], env=env(p), stdout=subprocess.PIPE,
                         stderr=subprocess.STDOUT, text=True, start_new_session=True)
-lines = []
+# Whatever happens, the reading below ends.
+watchdog = threading.Timer(90, lambda: os.killpg(proc.pid, signal.SIGKILL))
+watchdog.start()
+lines, interrupted = [], False
 for line in proc.stdout:
     lines.append(line)
-    if line.startswith("naive  POST"):
+    if not interrupted and re.match(rf"  {N} requests at once, Idempotency-Key demo-naive-",
+                                    line):
         os.killpg(proc.pid, signal.SIGINT)
-        break
-try:
-    rest, _ = proc.communicate(timeout=30)
-except subprocess.TimeoutExpired:
-    proc.kill()
-    rest, _ = proc.communicate()
-out = "".join(lines) + rest
+        interrupted = True
+    elif interrupted and line.startswith(" interrupted"):
+        # A second Ctrl-C during the cleanup does not cut it short.
+        time.sleep(0.1)
+        os.killpg(proc.pid, signal.SIGINT)
+proc.wait()
+watchdog.cancel()
+out = "".join(lines)
+t.ok(interrupted, "the race's lines come as they are printed", out)
 t.eq(proc.returncode, 130, "Ctrl-C: exit status 130")
 t.ok("interrupted" in out and "\nnaive:" not in out, "it stopped where it was", out)
-t.eq(left_behind(out, p), [], "Ctrl-C: nothing left behind")
+t.eq(left_behind(out, p), [], "Ctrl-C twice: nothing left behind")
 
 bad = subprocess.run([DEMO], env=env(ports(), IDEM_DEMO_REQUESTS="1"),
                      capture_output=True, text=True, timeout=30)

@@ -35,7 +35,7 @@ def hits(api):
     return int(metric(api.port, "idem_replay_cache_hits_total") or 0)
 
 
-api = Api(name="api-cache", workers=1).start()
+api = Api(name="api-cache", conf_extra=["workers 1"]).start()
 try:
     key = new_key("cache")
     first = api.post("/v1/orders", ORDER, key=key)
@@ -88,7 +88,7 @@ finally:
     api.stop()
 
 # The cache off: the same retry reaches the database.
-api = Api(name="api-nocache", workers=1, IDEM_REPLAY_CACHE_SECONDS=0).start()
+api = Api(name="api-nocache", conf_extra=["workers 1"], IDEM_REPLAY_CACHE_SECONDS=0).start()
 try:
     key = new_key("nocache")
     first = api.post("/v1/orders", ORDER, key=key)
@@ -104,7 +104,7 @@ finally:
 # lives 2 s (the retention less the 5 s margin), although the cache would
 # keep it 300 s: the cleanup then deletes the key, and a retry is a new
 # request, never the replay of a key the database no longer holds.
-api = Api(name="api-retention", workers=1, IDEM_RETENTION_SECONDS=7,
+api = Api(name="api-retention", conf_extra=["workers 1"], IDEM_RETENTION_SECONDS=7,
           IDEM_CLEANUP_INTERVAL_SECONDS=1).start()
 try:
     key = new_key("cleaned")

@@ -326,7 +326,7 @@ def _kill_leftovers():
 class Kore:
     """A kore process (the API or the fake provider) with its workers."""
 
-    def __init__(self, conf, name, env, app=None, workers=None):
+    def __init__(self, conf, name, env, app=None, conf_extra=()):
         self.name = name
         self.env = dict(os.environ)
         self.env.update({k: str(v) for k, v in env.items()})
@@ -340,9 +340,9 @@ class Kore:
             text = f.read()
         text = text.replace("load ./app.so", f"load {app or ROOT + '/app.so'}")
         lines = [l for l in text.splitlines() if not l.startswith("pidfile")]
-        if workers is not None:
-            lines = [f"workers {workers}" if l.startswith("workers ") else l for l in lines]
         lines.append(f"pidfile {TMP}/{name}.pid")
+        # Global settings a test changes (say, "http_header_timeout 2").
+        lines.extend(conf_extra)
         with open(self.conf, "w") as f:
             f.write("\n".join(lines) + "\n")
         self.proc = None
@@ -400,11 +400,11 @@ class Kore:
 
 
 class Api(Kore):
-    def __init__(self, name="api", port=None, app=None, workers=None, **env):
+    def __init__(self, name="api", port=None, app=None, conf_extra=(), **env):
         self.port = port or free_port()
         _api_ports.add(self.port)
         env.setdefault("IDEM_PORT", self.port)
-        super().__init__("kore.conf", name, env, app, workers)
+        super().__init__("kore.conf", name, env, app, conf_extra=conf_extra)
 
     def start(self):
         return super().start(lambda: request(self.port, "GET", "/healthz",
@@ -418,10 +418,11 @@ class Api(Kore):
 
 
 class Provider(Kore):
-    def __init__(self, name="provider", port=None, **env):
+    def __init__(self, name="provider", port=None, conf_extra=(), **env):
         self.port = port or free_port()
         env.setdefault("IDEM_PROVIDER_PORT", self.port)
-        super().__init__("conf/fake-provider.conf", name, env)
+        super().__init__("conf/fake-provider.conf", name, env,
+                         conf_extra=conf_extra)
 
     @property
     def url(self):
