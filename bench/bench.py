@@ -405,7 +405,7 @@ def main():
         row("floor: the rows of a fresh order in one statement, prepared", floor),
         row("informative: the same statement, extended protocol (planned every time)",
             R["floor_fresh_ext"], floor),
-        row("informative: `tx_run()` of orders.create, extended protocol as the API"
+        row("informative: `tx_execute()` of orders.create, extended protocol as the API"
             " sends it", R["db_fresh"], floor),
         row("API `POST /v1/orders`, fresh keys", fresh, floor),
         row("floor: single-row key lookup, prepared", lookup),
@@ -424,7 +424,7 @@ def main():
         "",
         f"Statements per fresh order at every level (pg_stat_statements.track = all,"
         f" {COUNTED_ORDERS} orders one by one): API {api_all:.1f} ({api_top:.1f}"
-        f" top-level), `tx_run()` under pgbench {tx_all:.1f}, one-statement floor"
+        f" top-level), `tx_execute()` under pgbench {tx_all:.1f}, one-statement floor"
         f" {floor_all:.1f}. The API's, most time first:",
         "",
         "| calls/order | mean ms | level | statement |",

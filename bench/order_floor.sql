@@ -1,10 +1,11 @@
 -- pgbench: the floor of POST /v1/orders with a fresh key. The same rows
--- the API writes through tx_run() and order_create() (the key row with its
--- saved response, the order, the bonus balance, the ledger row), in ONE
--- statement of data-modifying CTEs, the key row inserted once, already
--- finished. No replay of a concurrent duplicate is possible this way
--- (../shared/PG-NOTES.md): it is what the work costs the database, not a
--- way to serve it.
+-- the API writes through tx_execute() and order_create() (the key row
+-- with its saved response, the order, the bonus balance, the ledger row),
+-- in ONE statement of data-modifying CTEs, the key row inserted once,
+-- already finished. A concurrent duplicate could not wait on the key and
+-- replay this way (every CTE of the statement runs whatever the key's
+-- insert finds): it is what the work costs the database, not a way to
+-- serve it.
 \set customer random(0, 999)
 with p as (
 	select gen_random_uuid()::text as idem_key, 'c-' || :customer as customer

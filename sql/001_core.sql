@@ -69,30 +69,14 @@ create index if not exists idempotency_keys_leased
 -- when the key was first used for another request. After an insert that
 -- waited it must run as a separate statement, which reads with a fresh
 -- snapshot. Stable, so that PL/pgSQL callers get it inlined.
--- age_ms: how old the key is (from its first request), for the replay
--- caches of the workers, which must forget it before the cleanup may
--- delete it.
-do $$
-begin
-	-- Made before age_ms: a function's columns cannot be replaced.
-	if exists (select 1 from pg_proc
-		    where proname = 'idempotency_replay'
-		      and not 'age_ms' = any(coalesce(proargnames, '{}'))) then
-		drop function idempotency_replay(text, text, text, text);
-	end if;
-end;
-$$;
-
 create or replace function idempotency_replay(p_client text, p_key text,
     p_operation text, p_fingerprint text)
-returns table (outcome text, status_code int, response text, age_ms bigint)
+returns table (outcome text, status_code int, response text)
 language sql stable as $$
 	select case when k.operation = p_operation and
 		    k.fingerprint = p_fingerprint then 'replayed'
 		    else 'mismatch' end,
-	       k.status_code, k.response,
-	       greatest(0, (extract(epoch from clock_timestamp() -
-		   k.created_at) * 1000)::bigint)
+	       k.status_code, k.response
 	  from idempotency_keys k
 	 where k.client_id = p_client and k.idem_key = p_key;
 $$;
@@ -152,6 +136,11 @@ begin
 	on conflict (operation) do update
 	   set strategy = excluded.strategy, run = excluded.run,
 	       admit = excluded.admit, recover = excluded.recover;
+	-- Its name is written into SQL (002_transactional.sql): plain words.
+	if p_operation !~ '^[a-z][a-z0-9_.-]*$' then
+		raise exception 'operation name % is not [a-z][a-z0-9_.-]*',
+		    quote_literal(p_operation);
+	end if;
 	-- The transactional strategy calls its operations through a function
 	-- written from this table (002_transactional.sql).
 	perform idem_tx_dispatch_build();

@@ -49,7 +49,9 @@ comment on function idem_confirm() is
 
 -- The dispatcher of the transactional operations: one static call per
 -- registered operation, written by idem_tx_dispatch_build() whenever
--- idem_operation() registers one. tx_run() calls it rather than looking
+-- idem_operation() registers one. An operation's function returns
+-- (status_code int, response text), in that order: the call takes its
+-- columns by position. tx_execute() calls it rather than looking
 -- the function up and running it with EXECUTE, which PostgreSQL would
 -- parse and plan again on every request; each call here is a statement
 -- whose plan the session keeps.
@@ -71,16 +73,13 @@ begin
 $c$, v_op.operation, v_op.run);
 	end loop;
 
-	execute format($f$
-create or replace function idem_tx_dispatch(p_operation text, p_client text,
-    p_key text, p_request jsonb)
-returns table (status_code int, response text)
-language plpgsql as $body$
-begin
-%s	raise exception 'no transactional operation %%', p_operation;
-end;
-$body$
-$f$, v_calls);
+	-- The body is one quoted literal: nothing in a name can end it.
+	execute format('create or replace function idem_tx_dispatch('
+	    'p_operation text, p_client text, p_key text, p_request jsonb) '
+	    'returns table (status_code int, response text) '
+	    'language plpgsql as %L', E'begin\n' || v_calls ||
+	    E'\traise exception ''no transactional operation %'', ' ||
+	    E'p_operation;\nend;\n');
 end;
 $$;
 
@@ -90,18 +89,34 @@ comment on function idem_tx_dispatch_build() is
 
 select idem_tx_dispatch_build();
 
-do $$
-begin
-	-- Made before age_ms: a function's columns cannot be replaced.
-	if exists (select 1 from pg_proc
-		    where proname = 'tx_run'
-		      and not 'standby' = any(coalesce(proargnames, '{}'))) then
-		drop function tx_run(text, text, text, text, jsonb);
-	end if;
-end;
+-- A retry's answer, as tx_execute() gives it: replayed or mismatch, with
+-- the key's age (from its first request: what the workers' replay caches
+-- must forget it by, before the cleanup may delete it) and whether commits
+-- wait for a synchronous standby.
+create or replace function tx_replay(p_client text, p_key text,
+    p_operation text, p_fingerprint text)
+returns table (outcome text, status_code int, response text,
+    age_ms bigint, standby boolean)
+language sql stable as $$
+	select case when k.operation = p_operation and
+		    k.fingerprint = p_fingerprint then 'replayed'
+		    else 'mismatch' end,
+	       k.status_code, k.response,
+	       greatest(0, (extract(epoch from clock_timestamp() -
+		   k.created_at) * 1000)::bigint),
+	       idem_standby()
+	  from idempotency_keys k
+	 where k.client_id = p_client and k.idem_key = p_key;
 $$;
 
-create or replace function tx_run(p_client text, p_key text,
+comment on function tx_replay(text, text, text, text) is
+    'The answer to a retry of a finished key, with its age and whether '
+    'commits wait for a synchronous standby.';
+
+-- What the service calls. Its columns beyond tx_run()'s are new; so it is
+-- a function of its own, and tx_run() keeps its columns for the code that
+-- runs while a database is migrated (migrate first, then deploy).
+create or replace function tx_execute(p_client text, p_key text,
     p_operation text, p_fingerprint text, p_request jsonb)
 returns table (outcome text, status_code int, response text,
     age_ms bigint, standby boolean)
@@ -112,9 +127,8 @@ declare
 begin
 	-- A retry of a finished key: one index lookup. Its commit waits for
 	-- the synchronous standby like a write's (idem_confirm()).
-	return query select r.*, idem_standby()
-	  from idempotency_replay(p_client, p_key, p_operation,
-	    p_fingerprint) r;
+	return query select * from tx_replay(p_client, p_key, p_operation,
+	    p_fingerprint);
 	if found then
 		perform idem_confirm();
 		return;
@@ -129,9 +143,8 @@ begin
 	-- and this separate statement reads what it committed (READ
 	-- COMMITTED: a new snapshot per statement).
 	if not found then
-		return query select r.*, idem_standby()
-		  from idempotency_replay(p_client, p_key, p_operation,
-		    p_fingerprint) r;
+		return query select * from tx_replay(p_client, p_key,
+		    p_operation, p_fingerprint);
 		perform idem_confirm();
 		return;
 	end if;
@@ -150,9 +163,27 @@ begin
 	-- The key's age, counted from this transaction's start (its
 	-- created_at), as a replay would count it.
 	return query select 'created'::text, v_status, v_response,
-	    (extract(epoch from clock_timestamp() - now()) * 1000)::bigint,
-	    idem_standby();
+	    greatest(0, (extract(epoch from clock_timestamp() - now()) *
+	    1000)::bigint), idem_standby();
 end;
+$$;
+
+comment on function tx_execute(text, text, text, text, jsonb) is
+    'Transactional strategy: takes the key and runs the operation''s '
+    'function in the same transaction (created), or answers a retry from '
+    'the saved row (replayed, mismatch), after waiting for a concurrent '
+    'first attempt to end; with the key''s age in ms and whether commits '
+    'wait for a synchronous standby (for the workers'' replay caches).';
+
+-- The same, without the two columns: what the service called before
+-- tx_execute().
+create or replace function tx_run(p_client text, p_key text,
+    p_operation text, p_fingerprint text, p_request jsonb)
+returns table (outcome text, status_code int, response text)
+language sql as $$
+	select t.outcome, t.status_code, t.response
+	  from tx_execute(p_client, p_key, p_operation, p_fingerprint,
+	    p_request) t;
 $$;
 
 comment on function tx_run(text, text, text, text, jsonb) is

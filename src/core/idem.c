@@ -160,7 +160,7 @@ idem_execute(struct http_request *req, int next, const char *query,
 }
 
 /*
- * Answers from a row (outcome, status_code, response) of tx_run() or of a
+ * Answers from a row (outcome, status_code, response) of tx_execute() or of a
  * lease function: 'created' and 'replayed' carry the saved response,
  * 'mismatch' means the key was used for another request.
  */

@@ -28,8 +28,9 @@
  *   what it holds, since a done key does not change.
  *
  * Bounded: IDEM_REPLAY_CACHE_ENTRIES entries and REPLAY_CACHE_BYTES_MAX of
- * bodies, the oldest dropped first; IDEM_REPLAY_CACHE_SECONDS caps how long
- * one is kept (0 turns the cache off).
+ * entries (their bodies and the rest), the oldest dropped first;
+ * IDEM_REPLAY_CACHE_SECONDS caps how long one is kept (0 turns the cache
+ * off).
  */
 
 #include <sys/types.h>
@@ -191,11 +192,14 @@ replay_cache_put(const struct idem_request *r, int status, const char *body,
 	if (ttl > (u_int64_t)settings.replay_cache_seconds * 1000)
 		ttl = (u_int64_t)settings.replay_cache_seconds * 1000;
 
+	if (r->started + ttl <= kore_time_ms())
+		return;
+
 	if ((e = entry_find(r->client_id, r->key)) != NULL)
 		entry_drop(e);
 
 	while (entries >= settings.replay_cache_entries ||
-	    bytes + len > REPLAY_CACHE_BYTES_MAX)
+	    bytes + sizeof(*e) + len > REPLAY_CACHE_BYTES_MAX)
 		entry_drop(TAILQ_FIRST(&oldest));
 
 	e = kore_calloc(1, sizeof(*e) + len);
@@ -209,12 +213,16 @@ replay_cache_put(const struct idem_request *r, int status, const char *body,
 	e->standby = standby;
 	e->len = len;
 	memcpy(e->body, body, len);
-	e->expires = kore_time_ms() + ttl;
+	/*
+	 * Counted from the request's start: the database measured the age
+	 * later than that, however long the call then took to come back.
+	 */
+	e->expires = r->started + ttl;
 
 	TAILQ_INSERT_HEAD(&buckets[e->hash % CACHE_BUCKETS], e, bucket);
 	TAILQ_INSERT_TAIL(&oldest, e, age);
 	entries++;
-	bytes += len;
+	bytes += sizeof(*e) + len;
 }
 
 /* FNV-1a over the client id, a NUL, and the key. */
@@ -263,7 +271,7 @@ entry_drop(struct cache_entry *e)
 	TAILQ_REMOVE(&buckets[e->hash % CACHE_BUCKETS], e, bucket);
 	TAILQ_REMOVE(&oldest, e, age);
 	entries--;
-	bytes -= e->len;
+	bytes -= sizeof(*e) + e->len;
 	kore_free(e);
 }
 

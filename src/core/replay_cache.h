@@ -12,7 +12,7 @@
 /* An answer's body past this is not kept: it is read from the database. */
 #define REPLAY_CACHE_BODY_MAX		4096
 
-/* The room all kept bodies may take in one worker. */
+/* The room all entries (bodies included) may take in one worker. */
 #define REPLAY_CACHE_BYTES_MAX		(4 * 1024 * 1024)
 
 /*

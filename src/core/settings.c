@@ -70,7 +70,7 @@ static const struct number_setting	numbers[] = {
 	{ "IDEM_REPLAY_CACHE_SECONDS", &settings.replay_cache_seconds,
 	    300, 0, 86400 },
 	{ "IDEM_REPLAY_CACHE_ENTRIES", &settings.replay_cache_entries,
-	    4096, 1, 1000000 },
+	    4096, 1, 65536 },
 };
 
 static const struct text_setting	texts[] = {

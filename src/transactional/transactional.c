@@ -1,13 +1,13 @@
 /*
  * The transactional strategy: the key row and the business rows are
- * written in ONE PostgreSQL transaction, by one call of tx_run() (see
+ * written in ONE PostgreSQL transaction, by one call of tx_execute() (see
  * sql/002_transactional.sql), which takes the key and runs the
  * operation's own SQL function, registered under the operation's name. A
  * concurrent duplicate waits inside PostgreSQL on the key's unique index
  * and replays the first one's saved response; no in_progress state, no
  * lease, no 409.
  *
- *   authenticate -> admit -> execute (tx_run) -> respond
+ *   authenticate -> admit -> execute (tx_execute) -> respond
  *
  * An operation of this strategy is its table (name, fields) and its SQL
  * function; nothing of it is written here.
@@ -27,18 +27,18 @@
 
 #define TX_RUN_SQL							\
 	"SELECT outcome, status_code, response, age_ms, standby FROM "	\
-	"tx_run($1, $2, $3, $4, $5::jsonb)"
+	"tx_execute($1, $2, $3, $4, $5::jsonb)"
 
 #define TX_STATE_EXECUTE	IDEM_STATE_STRATEGY
 #define TX_STATE_RESPOND	(IDEM_STATE_STRATEGY + 1)
 
-static int	tx_execute(struct http_request *);
+static int	tx_call(struct http_request *);
 static int	tx_respond(struct http_request *);
 
 static struct http_state	tx_states[] = {
 	KORE_HTTP_STATE(idem_authenticate),
 	KORE_HTTP_STATE(idem_admit),
-	KORE_HTTP_STATE(tx_execute),
+	KORE_HTTP_STATE(tx_call),
 	KORE_HTTP_STATE(tx_respond),
 };
 
@@ -50,7 +50,7 @@ transactional_run(struct http_request *req)
 }
 
 static int
-tx_execute(struct http_request *req)
+tx_call(struct http_request *req)
 {
 	struct idem_request	*r = http_state_get(req);
 	const char		*params[5];

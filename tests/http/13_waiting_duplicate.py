@@ -85,10 +85,10 @@ def duplicate_does_the_work_when_the_first_dies(path, body, table, function):
 order = {"customer_id": "c-wait", "amount": 20000, "currency": "RUB"}
 bonus = {"customer_id": "c-wait", "points": 30, "reason": "gift"}
 
-duplicate_waits_then_replays("/v1/orders", order, "orders", "tx_run")
-duplicate_waits_then_replays("/v1/bonuses", bonus, "bonus_ledger", "tx_run")
-duplicate_does_the_work_when_the_first_dies("/v1/orders", order, "orders", "tx_run")
-duplicate_does_the_work_when_the_first_dies("/v1/bonuses", bonus, "bonus_ledger", "tx_run")
+duplicate_waits_then_replays("/v1/orders", order, "orders", "tx_execute")
+duplicate_waits_then_replays("/v1/bonuses", bonus, "bonus_ledger", "tx_execute")
+duplicate_does_the_work_when_the_first_dies("/v1/orders", order, "orders", "tx_execute")
+duplicate_does_the_work_when_the_first_dies("/v1/bonuses", bonus, "bonus_ledger", "tx_execute")
 
 # The worker whose backend was terminated reconnects: every request works.
 answers = [api.get("/v1/bonuses/c-wait") for _ in range(20)]

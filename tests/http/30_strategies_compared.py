@@ -179,7 +179,7 @@ lock = PsqlSession()
 lock.run("begin; lock table orders in share mode;")
 lost = Background(post, "transactional", rcpt, key)
 wait_until(lambda: int(sql_value("select count(*) from pg_stat_activity where "
-                                 "wait_event = 'relation' and query like '%tx_run(%'")) == 1,
+                                 "wait_event = 'relation' and query like '%tx_execute(%'")) == 1,
            "the order to block on the held table")
 api.kill9()
 t.ok(lost.cut(), f"{scenario} / transactional: the client got no answer")

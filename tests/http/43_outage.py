@@ -47,7 +47,7 @@ try:
                       key=held_key)
     wait_until(lambda: int(sql_value(
         "select count(*) from pg_stat_activity where wait_event_type = 'Lock'"
-        " and query like '%tx_run(%'")) == 1, "the held order to block")
+        " and query like '%tx_execute(%'")) == 1, "the held order to block")
     for th in threads:
         th.start()
     wait_until(lambda: len(answers) >= 20, "orders before the outage")

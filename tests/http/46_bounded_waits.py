@@ -93,7 +93,7 @@ key = new_key("dead")
 pending = Background(bonus, "c-dead", 5, key=key, timeout=30)
 wait_until(lambda: int(sql_value(
     "select count(*) from pg_stat_activity where wait_event_type = 'Lock'"
-    " and query like '%tx_run(%'")) == 1, "the request to wait for the account")
+    " and query like '%tx_execute(%'")) == 1, "the request to wait for the account")
 s.run("insert into idempotency_keys (client_id, idem_key, operation, fingerprint,"
       f" status) values ('shop-1', {quote(key)}, 'bonuses.apply', repeat('d', 64),"
       " 'in_progress') on conflict do nothing;")
@@ -121,7 +121,7 @@ try:
                                                   "currency": "RUB"}, key=key)
     wait_until(lambda: int(sql_value(
         "select count(*) from pg_stat_activity where wait_event_type = 'Lock'"
-        " and query like '%tx_run(%'")) == 1, "the duplicate to wait on the key")
+        " and query like '%tx_execute(%'")) == 1, "the duplicate to wait on the key")
     first.run("commit;")
     first.close()
     r = dup.wait(30)

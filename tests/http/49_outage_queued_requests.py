@@ -27,7 +27,7 @@ stop = threading.Event()
 
 
 def load(n):
-    """Orders with fresh keys, back to back: 60 clients for 2 workers of 8
+    """Orders with fresh keys, back to back: 60 clients for 2 workers of 16
     connections each keep a queue."""
     while not stop.is_set():
         started = time.monotonic()

@@ -2,7 +2,7 @@
 -- they return on a replay, a mismatch and an insufficient balance. Every
 -- operation runs through tx_run(), as the service calls it.
 begin;
-select plan(36);
+select plan(46);
 
 -- The base of problem type URLs, as the service sets it on its connections.
 set local idem.public_url = 'http://x';
@@ -116,6 +116,46 @@ select is(order_list('shop-1', 'c-1')::jsonb -> 'orders' -> 0 ->> 'comment', 'fi
 select is(order_list('shop-2', 'nobody'), '{"orders":[]}', 'and an empty list');
 select is(bonus_balance('shop-1', 'nobody'), '{"customer_id":"nobody","balance":0}',
     'bonus_balance of an unknown customer is 0');
+
+-- tx_execute(), what the service calls: tx_run()'s columns, the key's age
+-- and whether commits wait for a synchronous standby (the workers' replay
+-- caches use both).
+create temporary table x1 as select * from tx_execute('shop-1', 'x-1',
+    'orders.create', repeat('c', 64), jsonb_build_object('customer_id', 'c-9',
+    'amount', 1000, 'currency', 'RUB'));
+select is((select outcome || ' ' || status_code from x1), 'created 201',
+    'tx_execute creates');
+select ok((select age_ms >= 0 and standby = false from x1),
+    'with an age of at least 0 ms and no standby on this server');
+update idempotency_keys set created_at = created_at - interval '90 seconds'
+ where idem_key = 'x-1';
+select ok((select age_ms between 90000 and 100000 from tx_execute('shop-1',
+    'x-1', 'orders.create', repeat('c', 64), '{}'::jsonb)),
+    'a replay says how old the key is, from its first request');
+select is((select outcome from tx_execute('shop-1', 'x-1', 'orders.create',
+    repeat('d', 64), '{}'::jsonb)), 'mismatch', 'and another request is a mismatch');
+select is((select entry.reason || ' ' || (entry.order_id = o.order_id)
+             from bonus_ledger entry join orders o on o.idem_key = entry.idem_key
+            where entry.idem_key = 'x-1'),
+    'order ' || (select order_id from orders where idem_key = 'x-1') || ' true',
+    'the order''s accrual names it in the ledger');
+
+-- The dispatcher follows the registry.
+create function test_tx_echo(p_client text, p_key text, p_request jsonb)
+returns table (status_code int, response text)
+language sql as $$ select 201, p_request::text $$;
+select lives_ok($$select idem_operation('test.echo', 'transactional',
+    'test_tx_echo')$$, 'a new transactional operation registers');
+select is((select response from tx_execute('shop-1', 'e-1', 'test.echo',
+    repeat('e', 64), '{"a":1}'::jsonb)), '{"a": 1}', 'and runs through tx_execute');
+select throws_ok($$select idem_operation('test.$body$x', 'transactional',
+    'test_tx_echo')$$, 'P0001', null,
+    'an operation name that is not plain words is refused');
+select lives_ok($$select idem_operation('test.echo', 'lease', 'test_tx_echo')$$,
+    'moved to the lease strategy');
+select throws_ok($$select * from tx_execute('shop-1', 'e-2', 'test.echo',
+    repeat('e', 64), '{}'::jsonb)$$, 'P0001', 'no transactional operation test.echo',
+    'it is no longer run as a transactional one');
 
 select * from finish();
 rollback;
