@@ -314,6 +314,25 @@ def target(ok, text):
     return f"- {'met' if ok else '**missed**'}: {text}"
 
 
+# The API's processes run ahead of PostgreSQL's backends for the CPU (see
+# Benchmark in the README): its event loop serves 32 clients alone, and at
+# an equal share of 2 CPUs with 32 runnable backends it waits its turn.
+API_NICE = -10
+_api_nice = [0]
+
+
+def api_priority(api, nice):
+    """Sets the API's parent and workers to nice; False when not allowed
+    (raising a priority needs root)."""
+    for pid in [api.proc.pid] + api.workers():
+        try:
+            os.setpriority(os.PRIO_PROCESS, pid, nice)
+        except PermissionError:
+            return False
+    _api_nice[0] = nice
+    return True
+
+
 def machine():
     with open("/proc/cpuinfo") as f:
         m = re.search(r"model name\s*:\s*(.*)", f.read())
@@ -335,7 +354,7 @@ def machine():
         f"{os.cpu_count()} CPUs ({cpu}), {mem:.0f} GiB RAM; {CONNECTIONS} connections,"
         f" {SECONDS} s per run after {WARMUP} s of warm-up, each run from a vacuumed,"
         f" checkpointed database; API prod build with {workers} workers ({conns} database"
-        f" connections each); PostgreSQL {s['server_version']} on the same machine over"
+        f" connections each), at nice {_api_nice[0]}; PostgreSQL {s['server_version']} on the same machine over"
         f" {via}: shared_buffers {s['shared_buffers']}, effective_cache_size"
         f" {s['effective_cache_size']}, wal_buffers {s['wal_buffers']}, max_wal_size"
         f" {s['max_wal_size']}, checkpoint_timeout {s['checkpoint_timeout']}"
@@ -369,6 +388,8 @@ def main():
     R["floor_fresh"] = pgbench("order_floor.sql", "prepared")
     R["floor_fresh_ext"] = pgbench("order_floor.sql")
     R["db_fresh"] = pgbench("order_create.sql")
+    R["api_fresh_nice0"] = wrk(api, "orders_fresh.lua")
+    api_priority(api, API_NICE)
     R["api_fresh"] = wrk(api, "orders_fresh.lua")
     R["db_lookup"] = pgbench("key_lookup.sql", "prepared")
     R["api_replay"] = wrk(api, "orders_replay.lua")
@@ -407,6 +428,8 @@ def main():
             R["floor_fresh_ext"], floor),
         row("informative: `tx_execute()` of orders.create, extended protocol as the API"
             " sends it", R["db_fresh"], floor),
+        row("informative: API `POST /v1/orders`, fresh keys, API at the default"
+            " priority (nice 0)", R["api_fresh_nice0"], floor),
         row("API `POST /v1/orders`, fresh keys", fresh, floor),
         row("floor: single-row key lookup, prepared", lookup),
         row("API `POST /v1/orders`, replays of one key", replay, lookup),
