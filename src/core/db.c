@@ -60,6 +60,7 @@ static void	call_arm(struct db_call *, u_int32_t);
 static void	call_disarm(struct db_call *);
 static void	call_deadline(void *, u_int64_t);
 static void	call_abort(struct db_call *);
+static void	call_shutdown(struct db_call *);
 static void	call_notice(void *, const PGresult *);
 static void	call_notices_restore(struct db_call *);
 static void	queue_join(struct db_call *);
@@ -437,21 +438,13 @@ call_check_connection(struct db_call *c)
 static void
 call_drop_connection(struct db_call *c)
 {
-	int		fd;
-
 	if (c->sql.conn == NULL)
 		return;
 
 	kore_log(LOG_NOTICE, "the database refused a write: dropping the "
 	    "connection to find the primary again");
 
-	fd = PQsocket(c->sql.conn->db);
-	if (fd >= 0) {
-		if (c->sql.flags & KORE_PGSQL_SCHEDULED)
-			kore_platform_disable_read(fd);
-		(void)shutdown(fd, SHUT_RDWR);
-	}
-	c->sql.flags &= ~KORE_PGSQL_SCHEDULED;
+	call_shutdown(c);
 }
 
 static void
@@ -544,12 +537,23 @@ call_deadline(void *arg, u_int64_t now)
 static void
 call_abort(struct db_call *c)
 {
-	int		fd;
-
 	kore_log(LOG_NOTICE, "no answer from the database within %u ms; "
 	    "closing the connection", c->timeout_ms + DB_GRACE_MS);
 
 	c->error = DB_ERROR_TIMEOUT;
+	call_shutdown(c);
+}
+
+/*
+ * Shuts the socket of the call's connection down under Kore: whatever is
+ * in flight on it fails, and the connection is made again before its next
+ * use (call_check_connection()).
+ */
+static void
+call_shutdown(struct db_call *c)
+{
+	int		fd;
+
 	fd = PQsocket(c->sql.conn->db);
 	if (fd >= 0) {
 		if (c->sql.flags & KORE_PGSQL_SCHEDULED)
@@ -729,6 +733,7 @@ queue_wake(const char *dbname)
 	struct db_call		*q;
 
 	TAILQ_FOREACH(q, &queued, queue) {
+		/* cppcheck-suppress uninitvar */
 		if (strcmp(q->dbname, dbname) || q->sql.req == NULL ||
 		    !(q->sql.req->flags & HTTP_REQUEST_SLEEPING))
 			continue;
