@@ -57,9 +57,9 @@ comment on column idempotency_keys.request is
     'The fields that define a payment, kept so that the recovery job can '
     'finish an abandoned one.';
 
--- Neither index covers a column the end of a transactional request
--- changes (status, status_code, response, finished_at), so that saving the
--- response is a HOT update of the row the request inserted.
+-- A transactional request writes its key row once, already done. The
+-- lease strategy's rows are updated; only the partial index follows
+-- locked_until, and only while a lease is held.
 create index if not exists idempotency_keys_created
     on idempotency_keys (created_at);
 create index if not exists idempotency_keys_leased

@@ -1,8 +1,13 @@
 -- The transactional strategy, for operations inside this database: the key
 -- row and the business rows are written in ONE transaction, by one call of
--- tx_run(). A concurrent duplicate waits inside PostgreSQL on the key's
--- unique index until the first commits, then replays its saved response;
--- if the first rolled back, the duplicate does the work itself.
+-- tx_execute(): the business rows first, then the key row, once, with its
+-- answer. A concurrent duplicate waits inside PostgreSQL on the key's
+-- unique index (or first on a business row the first attempt locked) until
+-- the first commits; its own writes are then rolled back with SQLSTATE
+-- 40001, and the service runs the call again, which replays the saved
+-- response. If the first rolled back, the duplicate's insert goes through:
+-- it has done the work itself. An instance that does not run the call again
+-- answers that 40001 with a retryable 503, and the client's retry replays.
 --
 -- An operation's own function holds only its business writes:
 --   f(p_client text, p_key text, p_request jsonb)
@@ -134,31 +139,28 @@ begin
 		return;
 	end if;
 
-	insert into idempotency_keys (client_id, idem_key, operation,
-	    fingerprint, status)
-	values (p_client, p_key, p_operation, p_fingerprint, 'in_progress')
-	on conflict do nothing;
-
-	-- Taken meanwhile: this insert waited until that transaction ended,
-	-- and this separate statement reads what it committed (READ
-	-- COMMITTED: a new snapshot per statement).
-	if not found then
-		return query select * from tx_replay(p_client, p_key,
-		    p_operation, p_fingerprint);
-		perform idem_confirm();
-		return;
-	end if;
-
 	-- The operation's business writes; an unregistered operation raises.
 	select d.status_code, d.response into v_status, v_response
 	  from idem_tx_dispatch(p_operation, p_client, p_key, p_request) d;
 
-	-- The row this transaction inserted: a HOT update (no index covers
-	-- these columns).
-	update idempotency_keys k
-	   set status = 'done', status_code = v_status, response = v_response,
-	       finished_at = now()
-	 where k.client_id = p_client and k.idem_key = p_key;
+	-- The key, written once and already finished, in the transaction of
+	-- the business rows. A concurrent first attempt with the same key
+	-- holds its unique index entry: this insert waits until that
+	-- transaction ends.
+	insert into idempotency_keys (client_id, idem_key, operation,
+	    fingerprint, status, status_code, response, finished_at)
+	values (p_client, p_key, p_operation, p_fingerprint, 'done', v_status,
+	    v_response, now())
+	on conflict do nothing;
+
+	-- It committed first: this transaction's business writes must not
+	-- stay. Rolled back whole (a serialization failure); the service
+	-- runs the call again, and its lookup replays what the first saved.
+	if not found then
+		raise exception using errcode = 'serialization_failure',
+		    message = 'Idempotency-Key taken by a concurrent '
+		    'transaction; run the call again to replay its answer';
+	end if;
 
 	-- The key's age, counted from this transaction's start (its
 	-- created_at), as a replay would count it.

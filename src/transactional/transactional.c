@@ -1,11 +1,13 @@
 /*
  * The transactional strategy: the key row and the business rows are
  * written in ONE PostgreSQL transaction, by one call of tx_execute() (see
- * sql/002_transactional.sql), which takes the key and runs the
- * operation's own SQL function, registered under the operation's name. A
- * concurrent duplicate waits inside PostgreSQL on the key's unique index
- * and replays the first one's saved response; no in_progress state, no
- * lease, no 409.
+ * sql/002_transactional.sql), which runs the operation's own SQL function,
+ * registered under the operation's name, and writes the key with its
+ * answer. A concurrent duplicate waits inside PostgreSQL on the key's
+ * unique index; when the first commits, the duplicate's transaction is
+ * rolled back (SQLSTATE 40001) and the call is run again here, which
+ * replays the first one's saved response: no in_progress state, no lease,
+ * no 409.
  *
  *   authenticate -> admit -> execute (tx_execute) -> respond
  *
@@ -28,6 +30,14 @@
 #define TX_RUN_SQL							\
 	"SELECT outcome, status_code, response, age_ms, standby FROM "	\
 	"tx_execute($1, $2, $3, $4, $5::jsonb)"
+
+/*
+ * Calls run again after a rollback for a conflict: a concurrent first
+ * attempt took the key (the next call replays it), or a deadlock or
+ * serialization failure of the business writes. Each has its own
+ * IDEM_DB_TIMEOUT_MS.
+ */
+#define TX_CONFLICT_RETRIES	2
 
 #define TX_STATE_EXECUTE	IDEM_STATE_STRATEGY
 #define TX_STATE_RESPOND	(IDEM_STATE_STRATEGY + 1)
@@ -61,7 +71,27 @@ tx_call(struct http_request *req)
 	params[3] = r->fingerprint;
 	params[4] = (const char *)r->request.data;
 
-	return (idem_execute(req, TX_STATE_RESPOND, TX_RUN_SQL, 5, params));
+	if (!r->db_active) {
+		db_call_init(&r->db, req);
+		r->db_active = 1;
+	}
+
+	switch (db_call_step(&r->db, TX_RUN_SQL, 5, params)) {
+	case DB_CALL_PENDING:
+		return (HTTP_STATE_RETRY);
+	case DB_CALL_FAILED:
+		if (r->db.error == DB_ERROR_CONFLICT &&
+		    r->conflict_retries < TX_CONFLICT_RETRIES) {
+			/* Nothing of it stayed: the same call, once more. */
+			r->conflict_retries++;
+			idem_db_reset(r);
+			return (HTTP_STATE_CONTINUE);
+		}
+		return (idem_fail_db(req, &r->db));
+	default:
+		req->fsm_state = TX_STATE_RESPOND;
+		return (HTTP_STATE_CONTINUE);
+	}
 }
 
 /*

@@ -185,9 +185,12 @@ api.kill9()
 t.ok(lost.cut(), f"{scenario} / transactional: the client got no answer")
 restart_api()
 retry = Background(post, "transactional", rcpt, key)
+# On the held table too (the key is written after the business rows), or
+# on a row the dead request's transaction has locked.
 wait_until(lambda: int(sql_value("select count(*) from pg_stat_activity where "
-                                 "wait_event = 'transactionid'")) == 1,
-           "the retry to wait on the dead request's key")
+                                 "wait_event_type = 'Lock' and query like"
+                                 " '%tx_execute(%'")) == 2,
+           "the retry to wait behind the dead request's transaction")
 lock.run("commit;")
 lock.close()
 answer = retry.wait()
