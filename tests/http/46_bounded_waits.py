@@ -4,7 +4,7 @@ client gets a retryable 503 problem with Retry-After and nothing is
 committed (or, for a commit whose outcome is unknown, the retry with the
 same key settles it exactly once). /healthz answers within a second
 meanwhile. The isolation level the design needs is pinned, and a deadlock
-is a 503, never a 500."""
+is run again, never a 500."""
 
 import os
 import re
@@ -84,26 +84,39 @@ r = bonus("c-locked", -10, key=key)
 t.ok(r.status == 201 and r.json()["balance"] == 90,
      "once the lock is gone the same key succeeds", r)
 
-# A deadlock: the request waits for an account this session holds, and the
-# session then waits for the request's key. PostgreSQL breaks the cycle by
-# rolling the request back (40P01).
-t.eq(bonus("c-dead", 50).status, 201, "another account")
-s = lock_account("c-dead")
+# A deadlock: a transfer locks its first account (by id) and waits for the
+# second, which this session holds; the session then asks for the first.
+# PostgreSQL breaks the cycle by rolling the request back (40P01): nothing
+# of it stayed, so the service runs it again, and it goes through once the
+# session is gone. The client sees one 201.
+t.eq(bonus("c-dead-a", 50).status, 201, "an account with 50 points")
+t.eq(bonus("c-dead-b", 1).status, 201, "and another")
+s = lock_account("c-dead-b")
 key = new_key("dead")
-pending = Background(bonus, "c-dead", 5, key=key, timeout=30)
+pending = Background(api.post, "/v1/bonuses/transfers",
+                     {"from_customer_id": "c-dead-a", "to_customer_id": "c-dead-b",
+                      "points": 5, "reason": "waits"}, key=key, timeout=30)
 wait_until(lambda: int(sql_value(
     "select count(*) from pg_stat_activity where wait_event_type = 'Lock'"
-    " and query like '%tx_execute(%'")) == 1, "the request to wait for the account")
-s.run("insert into idempotency_keys (client_id, idem_key, operation, fingerprint,"
-      f" status) values ('shop-1', {quote(key)}, 'bonuses.apply', repeat('d', 64),"
-      " 'in_progress') on conflict do nothing;")
-r = pending.wait(30)
-t.ok(retryable(r), "a request rolled back by a deadlock gets a retryable 503", r)
+    " and query like '%tx_execute(%'")) == 1, "the transfer to wait for the account")
+log_before = len(api.read_log())
+s.run("select balance from bonus_accounts where client_id = 'shop-1'"
+      " and customer_id = 'c-dead-a' for update;")
+wait_until(lambda: "(40P01)" in api.read_log()[log_before:],
+           "the deadlock to roll the transfer back")
+t.ok(not pending.done(), "the transfer, run again, waits for the session")
 s.run("rollback;")
 s.close()
-r = bonus("c-dead", 5, key=key)
-t.ok(r.status == 201 and not r.replayed, "and its retry succeeds", r)
-t.eq(ledger("c-dead"), 2, "one ledger row for it")
+r = pending.wait(30)
+t.ok(r.status == 201 and not r.replayed,
+     "a request rolled back by a deadlock is run again: the client gets 201", r)
+t.eq(sql_value("select count(*) from bonus_transfers where client_id = 'shop-1'"
+               f" and idem_key = {quote(key)}"), "1", "one transfer for its key")
+t.eq(api.get("/v1/bonuses/c-dead-a").json()["balance"], 45, "5 points moved once")
+r2 = api.post("/v1/bonuses/transfers",
+              {"from_customer_id": "c-dead-a", "to_customer_id": "c-dead-b",
+               "points": 5, "reason": "waits"}, key=key)
+t.ok(r2.status == 201 and r2.replayed and r2.body == r.body, "its retry replays", r2)
 
 # The isolation level is pinned: with the database's default made
 # REPEATABLE READ, a duplicate that waited on the key still replays.
