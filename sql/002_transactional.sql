@@ -156,10 +156,13 @@ begin
 	-- It committed first: this transaction's business writes must not
 	-- stay. Rolled back whole (a serialization failure); the service
 	-- runs the call again, and its lookup replays what the first saved.
+	-- The service knows this expected rollback by its detail (DB_KEY_TAKEN
+	-- in src/core/db.h), and does not count it as a database error.
 	if not found then
 		raise exception using errcode = 'serialization_failure',
 		    message = 'Idempotency-Key taken by a concurrent '
-		    'transaction; run the call again to replay its answer';
+		    'transaction; run the call again to replay its answer',
+		    detail = 'idem:key-taken';
 	end if;
 
 	-- The key's age, counted from this transaction's start (its

@@ -51,6 +51,8 @@ TAILQ_HEAD(db_call_list, db_call);
 static struct db_call_list	queued = TAILQ_HEAD_INITIALIZER(queued);
 
 static int	call_fail(struct db_call *);
+static int	call_conflict(struct db_call *);
+static void	call_forget_failed(struct db_call *);
 static int	call_has(struct db_call *, int);
 static void	call_release(struct db_call *);
 static void	call_check_connection(struct db_call *);
@@ -130,6 +132,7 @@ void
 db_call_cleanup(struct db_call *c)
 {
 	call_disarm(c);
+	call_forget_failed(c);
 
 	if (c->result != NULL) {
 		PQclear(c->result);
@@ -220,8 +223,14 @@ db_call_step(struct db_call *c, const char *query, int nparams,
 				 */
 				if (c->sql.conn == NULL)
 					queue_wake(c->dbname);
+				if (c->sql.conn != NULL && call_conflict(c)) {
+					kore_pgsql_continue(&c->sql);
+					break;
+				}
 				return (call_fail(c));
 			case KORE_PGSQL_STATE_COMPLETE:
+				if (c->failed != NULL)
+					return (call_fail(c));
 				if (c->unconfirmed) {
 					c->error = DB_ERROR_UNCONFIRMED;
 					return (call_fail(c));
@@ -345,12 +354,16 @@ db_call_rows(struct db_call *c)
 static int
 call_fail(struct db_call *c)
 {
-	const char	*state, *msg;
+	const PGresult	*res;
+	const char	*state, *detail, *msg;
 	size_t		len;
 
-	state = NULL;
-	if (c->sql.result != NULL)
-		state = PQresultErrorField(c->sql.result, PG_DIAG_SQLSTATE);
+	res = c->failed != NULL ? c->failed : c->sql.result;
+	state = detail = NULL;
+	if (res != NULL) {
+		state = PQresultErrorField(res, PG_DIAG_SQLSTATE);
+		detail = PQresultErrorField(res, PG_DIAG_MESSAGE_DETAIL);
+	}
 
 	if (state != NULL)
 		(void)kore_strlcpy(c->sqlstate, state, sizeof(c->sqlstate));
@@ -358,7 +371,7 @@ call_fail(struct db_call *c)
 	if (c->error == 0)
 		c->error = call_classify(state);
 
-	msg = c->sql.error;
+	msg = c->failed != NULL ? c->failed_msg : c->sql.error;
 	if ((msg == NULL || *msg == '\0') && c->sql.conn != NULL)
 		msg = PQerrorMessage(c->sql.conn->db);
 	if (msg == NULL || *msg == '\0')
@@ -367,12 +380,21 @@ call_fail(struct db_call *c)
 	while (len > 0 && (msg[len - 1] == '\n' || msg[len - 1] == ' '))
 		len--;
 
-	kore_log(LOG_NOTICE, "database call failed (%s): %.*s",
-	    state != NULL ? state : c->error == DB_ERROR_TIMEOUT ?
-	    "timeout" : c->error == DB_ERROR_UNCONFIRMED ? "unconfirmed" :
-	    "no sqlstate", (int)len, msg);
+	/*
+	 * A duplicate that found its key committed by a concurrent first
+	 * attempt (tx_execute() says so in the detail) is rolled back as
+	 * expected, and its caller replays: not a database error.
+	 */
+	if (c->error != DB_ERROR_CONFLICT || detail == NULL ||
+	    strcmp(detail, DB_KEY_TAKEN)) {
+		kore_log(LOG_NOTICE, "database call failed (%s): %.*s",
+		    state != NULL ? state : c->error == DB_ERROR_TIMEOUT ?
+		    "timeout" : c->error == DB_ERROR_UNCONFIRMED ?
+		    "unconfirmed" : "no sqlstate", (int)len, msg);
+		metrics_db_error();
+	}
 
-	metrics_db_error();
+	call_forget_failed(c);
 	call_disarm(c);
 
 	if (c->result != NULL) {
@@ -387,6 +409,44 @@ call_fail(struct db_call *c)
 	c->phase = DB_PHASE_FAILED;
 
 	return (DB_CALL_FAILED);
+}
+
+/*
+ * A statement rolled back by a deadlock or a serialization failure (its
+ * caller may run it again) is kept, and the rest of its answer read, up to
+ * the server's ReadyForQuery: then Kore takes the connection back idle.
+ * Released in its error state, Kore would first send a cancel for it, a
+ * blocking connection to the server for a statement already over.
+ */
+static int
+call_conflict(struct db_call *c)
+{
+	const char	*state;
+
+	if (c->failed != NULL || c->sql.result == NULL)
+		return (0);
+
+	state = PQresultErrorField(c->sql.result, PG_DIAG_SQLSTATE);
+	if (state == NULL || call_classify(state) != DB_ERROR_CONFLICT)
+		return (0);
+
+	c->failed = c->sql.result;
+	c->sql.result = NULL;
+	c->failed_msg = kore_strdup(c->sql.error != NULL ? c->sql.error : "");
+
+	return (1);
+}
+
+static void
+call_forget_failed(struct db_call *c)
+{
+	if (c->failed != NULL) {
+		PQclear(c->failed);
+		c->failed = NULL;
+	}
+
+	kore_free(c->failed_msg);
+	c->failed_msg = NULL;
 }
 
 /*

@@ -34,6 +34,12 @@
 
 #define DB_PARAMS_MAX		12
 
+/*
+ * The detail of the 40001 tx_execute() raises when a concurrent first
+ * attempt committed the key (sql/002_transactional.sql).
+ */
+#define DB_KEY_TAKEN		"idem:key-taken"
+
 struct db_call {
 	struct kore_pgsql	sql;
 	const char		*dbname;
@@ -46,6 +52,13 @@ struct db_call {
 	u_int32_t		timeout_ms;
 	struct kore_timer	*timer;
 	int			timed_out;
+
+	/*
+	 * A statement rolled back by a conflict, kept while the rest of its
+	 * answer is read (call_conflict()).
+	 */
+	PGresult		*failed;
+	char			*failed_msg;
 
 	/* A warning that the commit was not confirmed by the standby. */
 	int			unconfirmed;

@@ -25,6 +25,7 @@
 
 #include "idem.h"
 #include "replay_cache.h"
+#include "settings.h"
 #include "transactional.h"
 
 #define TX_RUN_SQL							\
@@ -33,9 +34,11 @@
 
 /*
  * Calls run again after a rollback for a conflict: a concurrent first
- * attempt took the key (the next call replays it), or a deadlock or
- * serialization failure of the business writes. Each has its own
- * IDEM_DB_TIMEOUT_MS.
+ * attempt took the key (the next call replays it), a deadlock or
+ * serialization failure of the business writes, or a unique violation of
+ * a business table that a concurrent duplicate wrote first (the next call
+ * replays, or fails again if the violation is real). A call run again gets
+ * what is left of IDEM_DB_TIMEOUT_MS since the request began.
  */
 #define TX_CONFLICT_RETRIES	2
 
@@ -43,6 +46,7 @@
 #define TX_STATE_RESPOND	(IDEM_STATE_STRATEGY + 1)
 
 static int	tx_call(struct http_request *);
+static int	tx_rerun(struct idem_request *);
 static int	tx_respond(struct http_request *);
 
 static struct http_state	tx_states[] = {
@@ -74,24 +78,47 @@ tx_call(struct http_request *req)
 	if (!r->db_active) {
 		db_call_init(&r->db, req);
 		r->db_active = 1;
+		if (r->conflict_retries > 0)
+			r->db.timeout_ms = r->rerun_ms;
 	}
 
 	switch (db_call_step(&r->db, TX_RUN_SQL, 5, params)) {
 	case DB_CALL_PENDING:
 		return (HTTP_STATE_RETRY);
 	case DB_CALL_FAILED:
-		if (r->db.error == DB_ERROR_CONFLICT &&
-		    r->conflict_retries < TX_CONFLICT_RETRIES) {
-			/* Nothing of it stayed: the same call, once more. */
-			r->conflict_retries++;
-			idem_db_reset(r);
+		if (tx_rerun(r))
 			return (HTTP_STATE_CONTINUE);
-		}
 		return (idem_fail_db(req, &r->db));
 	default:
 		req->fsm_state = TX_STATE_RESPOND;
 		return (HTTP_STATE_CONTINUE);
 	}
+}
+
+/*
+ * Whether a failed call is run again: rolled back by a conflict, with
+ * tries and time left. Nothing of it stayed.
+ */
+static int
+tx_rerun(struct idem_request *r)
+{
+	u_int64_t	spent;
+
+	if (r->conflict_retries >= TX_CONFLICT_RETRIES)
+		return (0);
+
+	if (r->db.error != DB_ERROR_CONFLICT && strcmp(r->db.sqlstate, "23505"))
+		return (0);
+
+	spent = kore_time_ms() - r->started;
+	if (spent >= settings.db_timeout_ms)
+		return (0);
+
+	r->conflict_retries++;
+	r->rerun_ms = settings.db_timeout_ms - spent;
+	idem_db_reset(r);
+
+	return (1);
 }
 
 /*

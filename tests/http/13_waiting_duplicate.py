@@ -20,7 +20,7 @@ import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "lib"))
 from harness import (Api, Background, PsqlSession, Tap, fingerprint,  # noqa: E402
-                     new_key, quote, sql, sql_value, wait_until)
+                     metric, new_key, quote, sql, sql_value, wait_until)
 
 t = Tap()
 api = Api().start()
@@ -121,7 +121,12 @@ def first_open_after_its_key(path, operation, body, table, end):
 
 
 def duplicate_on_the_key_replays(path, operation, body, table):
+    errors = metric(api.port, "idem_database_errors_total")
     key, saved, b = first_open_after_its_key(path, operation, body, table, "commit")
+    t.eq(metric(api.port, "idem_database_errors_total"), errors,
+         f"{path}: its expected rollback is not counted as a database error")
+    t.ok("taken by a concurrent transaction" not in api.read_log(),
+         f"{path}: nor logged as one")
     t.ok(b.status == 201 and b.replayed and b.body == saved,
          f"{path}: the duplicate that waited on the key replays the first's"
          " saved bytes", b)

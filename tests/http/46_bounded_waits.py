@@ -140,6 +140,10 @@ try:
     r = dup.wait(30)
     t.ok(r.status == 201 and r.replayed and r.body == b'{"order_id":1,"customer_id":"c-waits","amount":700,"currency":"RUB","bonus_points":7}',
          "under a REPEATABLE READ default the waiting duplicate still replays", r)
+    # Run under REPEATABLE READ, its insert would have failed with a
+    # serialization error of its own (run again, it would replay too).
+    t.ok("could not serialize access" not in strict.read_log(),
+         "it ran under READ COMMITTED: no serialization failure in its log")
     strict.stop()
 finally:
     sql(f"alter database {DB} reset default_transaction_isolation")
