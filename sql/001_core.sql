@@ -104,8 +104,8 @@ comment on column idempotency_keys.recover_at is
 
 -- An operation is a row: its name (the key's operation), its strategy,
 -- and the function that does its work. A transactional operation's
--- function makes the business writes in the transaction that took the
--- key; a lease operation's settles a provider's answer, and its optional
+-- function makes the business writes in the transaction that then writes
+-- the key; a lease operation's settles a provider's answer, and its optional
 -- admit function runs when a new key is taken (a refund's hold).
 -- The functions are kept by name, as text: pg_upgrade refuses a database
 -- with a regproc column in a table of its own. idem_operation() checks

@@ -174,11 +174,13 @@ end;
 $$;
 
 comment on function tx_execute(text, text, text, text, jsonb) is
-    'Transactional strategy: takes the key and runs the operation''s '
-    'function in the same transaction (created), or answers a retry from '
-    'the saved row (replayed, mismatch), after waiting for a concurrent '
-    'first attempt to end; with the key''s age in ms and whether commits '
-    'wait for a synchronous standby (for the workers'' replay caches).';
+    'Transactional strategy: runs the operation''s function and writes the '
+    'key with its answer in the same transaction (created), or answers a '
+    'retry from the saved row (replayed, mismatch). A call whose key a '
+    'concurrent first attempt committed is rolled back with SQLSTATE 40001 '
+    '(detail idem:key-taken): run it again, it replays. With the key''s age '
+    'in ms and whether commits wait for a synchronous standby (for the '
+    'workers'' replay caches).';
 
 -- The same, without the two columns: what the service called before
 -- tx_execute().
@@ -192,9 +194,9 @@ language sql as $$
 $$;
 
 comment on function tx_run(text, text, text, text, jsonb) is
-    'Transactional strategy: takes the key and runs the operation''s '
-    'function in the same transaction (created), or answers a retry from '
-    'the saved row (replayed, mismatch), after waiting for a concurrent '
-    'first attempt to end.';
+    'tx_execute() without its last two columns, for instances of the '
+    'previous version: a call whose key a concurrent first attempt '
+    'committed is rolled back with SQLSTATE 40001; run it again, it '
+    'replays.';
 
 drop function if exists idempotency_finish(text, text, int, text);

@@ -151,7 +151,7 @@ drop function if exists bonus_apply(text, text, text, text, bigint, text,
 drop function if exists bonus_apply(text, text, text, text, bigint, text,
     text, text, text, text);
 
--- POST /v1/orders, run by tx_run() in the transaction that took the key:
+-- POST /v1/orders, run by tx_execute() in the transaction that writes the key:
 -- the order, and floor(amount / 100) points to the customer. An accrual
 -- that would take the balance past 2^53-1 refuses the whole order: a
 -- saved 422 and no order row.
@@ -222,7 +222,7 @@ comment on function order_create(text, text, jsonb) is
 
 select idem_operation('orders.create', 'transactional', 'order_create');
 
--- POST /v1/bonuses, run by tx_run(). An insufficient balance, or an
+-- POST /v1/bonuses, run by tx_execute(). An insufficient balance, or an
 -- accrual past 2^53-1, is the operation's outcome: a saved 422 and no
 -- ledger row.
 create or replace function bonus_apply(p_client text, p_key text,

@@ -1,7 +1,7 @@
 -- Bonus transfers: points moved from one customer of a client to another,
 -- protected by the transactional strategy (002_transactional.sql). One
 -- transfer is a bonus_transfers row, two ledger rows that name it and both
--- balances, all in the transaction that took the key.
+-- balances, all in the transaction that writes the key.
 
 create table if not exists bonus_transfers (
 	transfer_id	bigint generated always as identity primary key,
@@ -51,8 +51,8 @@ exception when duplicate_object then
 end;
 $$;
 
--- POST /v1/bonuses/transfers, run by tx_run() in the transaction that took
--- the key. A sender with too few points (none without an account) is an
+-- POST /v1/bonuses/transfers, run by tx_execute() in the transaction that
+-- writes the key. A sender with too few points (none without an account) is an
 -- insufficient-balance 422, a receiver that would pass 2^53-1 a
 -- balance-limit-exceeded 422: saved outcomes, with nothing else written.
 create or replace function bonus_transfer(p_client text, p_key text,

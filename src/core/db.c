@@ -650,9 +650,11 @@ call_notice(void *arg, const PGresult *res)
 /*
  * The connection string with the session settings the design needs, on
  * every connection whatever the server's or the role's defaults: the
- * bounds of IDEM_DB_TIMEOUT_MS, READ COMMITTED, under which a duplicate
- * that waited on the key's unique index sees the first one's row (under
- * REPEATABLE READ it fails instead), and idem.public_url, the base of the
+ * bounds of IDEM_DB_TIMEOUT_MS, READ COMMITTED, under which a write that
+ * waited for a row lock (an upsert of a busy account, a FOR UPDATE) goes on
+ * with the row's latest version (under REPEATABLE READ each such wait
+ * would end in a serialization failure, and a busy account in 503s), and
+ * idem.public_url, the base of the
  * type URLs of the problems the SQL saves (idem_problem()), so that they
  * are the C's (problem.c). Settings the operator gave in "options" come
  * first; these win.
