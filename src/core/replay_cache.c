@@ -49,19 +49,25 @@
 /* Longer operation names are not kept (none is near it). */
 #define CACHE_OPERATION_MAX	63
 
+/*
+ * One allocation per entry, its strings after the body in data[]: an
+ * order's entry fits Kore's 512-byte block, where fixed arrays sized for
+ * the longest key took a 1 KiB one.
+ */
 struct cache_entry {
 	u_int32_t			hash;
-	char				client_id[AUTH_CLIENT_ID_MAX + 1];
-	char				key[IDEM_KEY_MAX + 1];
-	char				operation[CACHE_OPERATION_MAX + 1];
-	char				fingerprint[65];
 	int				status;
-	u_int64_t			expires;
 	int				standby;
+	u_int64_t			expires;
 	size_t				len;
+	size_t				size;
+	const char			*client_id;
+	const char			*key;
+	const char			*operation;
+	char				fingerprint[65];
 	TAILQ_ENTRY(cache_entry)	bucket;
 	TAILQ_ENTRY(cache_entry)	age;
-	u_int8_t			body[];
+	u_int8_t			data[];
 };
 
 TAILQ_HEAD(cache_list, cache_entry);
@@ -151,7 +157,7 @@ replay_cache_answer(struct http_request *req)
 		return (1);
 	}
 
-	idem_respond(req, e->status, e->body, e->len, 1);
+	idem_respond(req, e->status, e->data, e->len, 1);
 	return (1);
 }
 
@@ -175,6 +181,8 @@ replay_cache_put(const struct idem_request *r, int status, const char *body,
     size_t len, u_int64_t age_ms, int standby)
 {
 	struct cache_entry	*e;
+	size_t			nclient, nkey, nop, size;
+	char			*p;
 	u_int64_t		ttl, retention;
 
 	metrics_standby_set(standby);
@@ -198,21 +206,33 @@ replay_cache_put(const struct idem_request *r, int status, const char *body,
 	if ((e = entry_find(r->client_id, r->key)) != NULL)
 		entry_drop(e);
 
+	nclient = strlen(r->client_id) + 1;
+	nkey = strlen(r->key) + 1;
+	nop = strlen(r->op->name) + 1;
+	size = sizeof(*e) + len + nclient + nkey + nop;
+
 	while (entries >= settings.replay_cache_entries ||
-	    bytes + sizeof(*e) + len > REPLAY_CACHE_BYTES_MAX)
+	    bytes + size > REPLAY_CACHE_BYTES_MAX)
 		entry_drop(TAILQ_FIRST(&oldest));
 
-	e = kore_calloc(1, sizeof(*e) + len);
+	e = kore_calloc(1, size);
+	e->size = size;
 	e->hash = entry_hash(r->client_id, r->key);
-	(void)kore_strlcpy(e->client_id, r->client_id, sizeof(e->client_id));
-	(void)kore_strlcpy(e->key, r->key, sizeof(e->key));
-	(void)kore_strlcpy(e->operation, r->op->name, sizeof(e->operation));
-	(void)kore_strlcpy(e->fingerprint, r->fingerprint,
-	    sizeof(e->fingerprint));
 	e->status = status;
 	e->standby = standby;
 	e->len = len;
-	memcpy(e->body, body, len);
+	memcpy(e->data, body, len);
+	p = (char *)e->data + len;
+	memcpy(p, r->client_id, nclient);
+	e->client_id = p;
+	p += nclient;
+	memcpy(p, r->key, nkey);
+	e->key = p;
+	p += nkey;
+	memcpy(p, r->op->name, nop);
+	e->operation = p;
+	(void)kore_strlcpy(e->fingerprint, r->fingerprint,
+	    sizeof(e->fingerprint));
 	/*
 	 * Counted from the request's start: the database measured the age
 	 * later than that, however long the call then took to come back.
@@ -222,7 +242,7 @@ replay_cache_put(const struct idem_request *r, int status, const char *body,
 	TAILQ_INSERT_HEAD(&buckets[e->hash % CACHE_BUCKETS], e, bucket);
 	TAILQ_INSERT_TAIL(&oldest, e, age);
 	entries++;
-	bytes += sizeof(*e) + len;
+	bytes += size;
 }
 
 /* FNV-1a over the client id, a NUL, and the key. */
@@ -271,7 +291,7 @@ entry_drop(struct cache_entry *e)
 	TAILQ_REMOVE(&buckets[e->hash % CACHE_BUCKETS], e, bucket);
 	TAILQ_REMOVE(&oldest, e, age);
 	entries--;
-	bytes -= sizeof(*e) + e->len;
+	bytes -= e->size;
 	kore_free(e);
 }
 
