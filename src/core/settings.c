@@ -79,8 +79,7 @@ static const struct text_setting	texts[] = {
 	{ "IDEM_HOST", &settings.host, "127.0.0.1", 255 },
 	{ "IDEM_PORT", &settings.port, "8888", 5 },
 	{ "IDEM_PROVIDER_PORT", &settings.provider_port, "8889", 5 },
-	{ "IDEM_PROVIDER_URL", &settings.provider_url, "http://127.0.0.1:8889",
-	    SETTINGS_URL_MAX },
+	{ "IDEM_PROVIDER_URL", &settings.provider_url, NULL, SETTINGS_URL_MAX },
 	{ "IDEM_PUBLIC_URL", &settings.public_url, NULL, SETTINGS_URL_MAX },
 };
 
@@ -105,6 +104,13 @@ settings_load(void)
 
 	check_port("IDEM_PORT", settings.port);
 	check_port("IDEM_PROVIDER_PORT", settings.provider_port);
+
+	/* The fake provider of make run, wherever IDEM_PROVIDER_PORT moved it. */
+	if (settings.provider_url == NULL) {
+		(void)snprintf(url, sizeof(url), "http://127.0.0.1:%s",
+		    settings.provider_port);
+		settings.provider_url = kore_strdup(url);
+	}
 
 	if (settings.public_url == NULL) {
 		(void)snprintf(url, sizeof(url), "http://127.0.0.1:%s",

@@ -200,6 +200,18 @@ t.eq(api.post("/v1/payments", payment("acc-bad"), key=key).status, 201,
 api.stop()
 provider.stop()
 
+# Without IDEM_PROVIDER_URL, the API finds the provider at
+# IDEM_PROVIDER_PORT (make run with both ports moved).
+moved = Provider(name="provider-moved").start()
+api = Api(name="api-moved", IDEM_PROVIDER_PORT=moved.port).start()
+key = new_key()
+r = api.post("/v1/payments", {"amount": 100, "currency": "RUB", "recipient": "acc-moved"},
+             key=key)
+t.ok(r.status == 201 and len(moved.charges(f"shop-1:{key}")) == 1,
+     "the provider on IDEM_PROVIDER_PORT is the one charged", r)
+api.stop()
+moved.stop()
+
 # A lease that does not outlast the provider timeout is refused at start.
 env = dict(os.environ, IDEM_LEASE_SECONDS="5", IDEM_PROVIDER_TIMEOUT_MS="5000",
            IDEM_PORT="1")
