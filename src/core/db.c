@@ -388,10 +388,12 @@ call_fail(struct db_call *c)
 	if (c->error != DB_ERROR_CONFLICT || detail == NULL ||
 	    strcmp(detail, DB_KEY_TAKEN)) {
 		kore_log(LOG_NOTICE, "database call failed (%s): %.*s",
-		    state != NULL ? state : c->error == DB_ERROR_TIMEOUT ?
-		    "timeout" : c->error == DB_ERROR_UNCONFIRMED ?
-		    "unconfirmed" : "no sqlstate", (int)len, msg);
+		    c->timed_out ? "timeout" : state != NULL ?
+		    state : c->error == DB_ERROR_UNCONFIRMED ? "unconfirmed" :
+		    "no sqlstate", (int)len, msg);
 		metrics_db_error();
+	} else {
+		c->key_taken = 1;
 	}
 
 	call_forget_failed(c);

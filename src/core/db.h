@@ -59,6 +59,7 @@ struct db_call {
 	 */
 	PGresult		*failed;
 	char			*failed_msg;
+	int			key_taken;
 
 	/* A warning that the commit was not confirmed by the standby. */
 	int			unconfirmed;

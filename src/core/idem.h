@@ -119,7 +119,6 @@ struct idem_request {
 	struct db_call		db;
 	int			db_active;
 	int			conflict_retries;
-	u_int32_t		rerun_ms;
 
 	/* What the lease strategy keeps of the request, freed by it. */
 	struct lease_attempt	*lease;

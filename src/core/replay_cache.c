@@ -75,6 +75,7 @@ TAILQ_HEAD(cache_list, cache_entry);
 static int			standby_ask(struct job *);
 static int			standby_read(struct job *);
 static u_int32_t		entry_hash(const char *, const char *);
+static size_t			entry_cost(size_t);
 static struct cache_entry	*entry_find(const char *, const char *);
 static void			entry_drop(struct cache_entry *);
 
@@ -209,13 +210,13 @@ replay_cache_put(const struct idem_request *r, int status, const char *body,
 	nclient = strlen(r->client_id) + 1;
 	nkey = strlen(r->key) + 1;
 	nop = strlen(r->op->name) + 1;
-	size = sizeof(*e) + len + nclient + nkey + nop;
+	size = entry_cost(sizeof(*e) + len + nclient + nkey + nop);
 
 	while (entries >= settings.replay_cache_entries ||
 	    bytes + size > REPLAY_CACHE_BYTES_MAX)
 		entry_drop(TAILQ_FIRST(&oldest));
 
-	e = kore_calloc(1, size);
+	e = kore_calloc(1, sizeof(*e) + len + nclient + nkey + nop);
 	e->size = size;
 	e->hash = entry_hash(r->client_id, r->key);
 	e->status = status;
@@ -243,6 +244,24 @@ replay_cache_put(const struct idem_request *r, int status, const char *body,
 	TAILQ_INSERT_TAIL(&oldest, e, age);
 	entries++;
 	bytes += size;
+}
+
+/*
+ * What an allocation of len bytes takes from Kore: a block of the next
+ * power of two up to 8 KiB (kore_malloc()), and its own header.
+ */
+static size_t
+entry_cost(size_t len)
+{
+	size_t		block;
+
+	if (len > 8192)
+		return (len + 32);
+
+	for (block = 8; block < len; block *= 2)
+		;
+
+	return (block + 32);
 }
 
 /* FNV-1a over the client id, a NUL, and the key. */

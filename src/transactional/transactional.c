@@ -37,8 +37,12 @@
  * attempt took the key (the next call replays it), a deadlock or
  * serialization failure of the business writes, or a unique violation of
  * a business table that a concurrent duplicate wrote first (the next call
- * replays, or fails again if the violation is real). A call run again gets
- * what is left of IDEM_DB_TIMEOUT_MS since the request began.
+ * replays, or fails again if the violation is real). A call run again has
+ * its own IDEM_DB_TIMEOUT_MS, as PostgreSQL's statement and lock timeouts
+ * do: a shorter deadline here would shut the connection under a call the
+ * server lets finish. It is run only while the request is within
+ * IDEM_DB_TIMEOUT_MS of its start, but always after a taken key, whose run
+ * replays at once.
  */
 #define TX_CONFLICT_RETRIES	2
 
@@ -78,8 +82,6 @@ tx_call(struct http_request *req)
 	if (!r->db_active) {
 		db_call_init(&r->db, req);
 		r->db_active = 1;
-		if (r->conflict_retries > 0)
-			r->db.timeout_ms = r->rerun_ms;
 	}
 
 	switch (db_call_step(&r->db, TX_RUN_SQL, 5, params)) {
@@ -111,11 +113,10 @@ tx_rerun(struct idem_request *r)
 		return (0);
 
 	spent = kore_time_ms() - r->started;
-	if (spent >= settings.db_timeout_ms)
+	if (!r->db.key_taken && spent >= settings.db_timeout_ms)
 		return (0);
 
 	r->conflict_retries++;
-	r->rerun_ms = settings.db_timeout_ms - spent;
 	idem_db_reset(r);
 
 	return (1);
