@@ -65,25 +65,6 @@ create index if not exists idempotency_keys_created
 create index if not exists idempotency_keys_leased
     on idempotency_keys (locked_until) where locked_until is not null;
 
--- What a retry of a finished key gets: the saved response, or 'mismatch'
--- when the key was first used for another request. After an insert that
--- waited it must run as a separate statement, which reads with a fresh
--- snapshot. Stable, so that PL/pgSQL callers get it inlined.
-create or replace function idempotency_replay(p_client text, p_key text,
-    p_operation text, p_fingerprint text)
-returns table (outcome text, status_code int, response text)
-language sql stable as $$
-	select case when k.operation = p_operation and
-		    k.fingerprint = p_fingerprint then 'replayed'
-		    else 'mismatch' end,
-	       k.status_code, k.response
-	  from idempotency_keys k
-	 where k.client_id = p_client and k.idem_key = p_key;
-$$;
-
-comment on function idempotency_replay(text, text, text, text) is
-    'The answer to a retry of a finished key: replayed or mismatch.';
-
 -- Columns of the lease strategy, on the one key table (see 003_lease.sql).
 alter table idempotency_keys add column if not exists call_deadline timestamptz;
 alter table idempotency_keys add column if not exists recovery_attempts int

@@ -200,3 +200,7 @@ comment on function tx_run(text, text, text, text, jsonb) is
     'replays.';
 
 drop function if exists idempotency_finish(text, text, int, text);
+-- What tx_run() read a retry's answer with before tx_replay(); dropped
+-- after tx_run() was replaced, so that an instance of the previous version
+-- never calls a tx_run() that calls it.
+drop function if exists idempotency_replay(text, text, text, text);

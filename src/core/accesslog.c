@@ -7,8 +7,9 @@
  *
  * client is the client id the token authenticated, never the token; key
  * is the Idempotency-Key as the service read it (its RFC 8941 quotes
- * removed; "-" when it is missing or malformed); outcome is the metrics' outcome (created, replayed,
- * in_flight_409, ...). A field the request never reached is "-".
+ * removed; "-" when it is missing or malformed); outcome is the metrics'
+ * outcome (created, replayed, in_flight_409, ...). A field the request
+ * never reached is "-".
  *
  * Kore's own access log (the accesslog directive) has a fixed format and
  * knows none of the service's fields, hence this one. It goes to stdout

@@ -141,6 +141,17 @@ int
 idem_execute(struct http_request *req, int next, const char *query,
     int nparams, const char **params)
 {
+	return (idem_execute_rerun(req, next, query, nparams, params, NULL));
+}
+
+/*
+ * The same, where a failed call may be run again: rerun(), when given,
+ * says whether (and resets the call); the state then runs once more.
+ */
+int
+idem_execute_rerun(struct http_request *req, int next, const char *query,
+    int nparams, const char **params, int (*rerun)(struct idem_request *))
+{
 	struct idem_request	*r = http_state_get(req);
 
 	if (!r->db_active) {
@@ -152,6 +163,8 @@ idem_execute(struct http_request *req, int next, const char *query,
 	case DB_CALL_PENDING:
 		return (HTTP_STATE_RETRY);
 	case DB_CALL_FAILED:
+		if (rerun != NULL && rerun(r))
+			return (HTTP_STATE_CONTINUE);
 		return (idem_fail_db(req, &r->db));
 	default:
 		req->fsm_state = next;

@@ -133,6 +133,8 @@ int	idem_authenticate(struct http_request *);
 int	idem_admit(struct http_request *);
 int	idem_execute(struct http_request *, int, const char *, int,
 	    const char **);
+int	idem_execute_rerun(struct http_request *, int, const char *, int,
+	    const char **, int (*)(struct idem_request *));
 int	idem_respond_outcome(struct http_request *);
 int	idem_read_run(struct http_request *);
 

@@ -31,7 +31,6 @@ idem_id_valid(const char *s, size_t len)
 	    json_utf8_valid(s, len));
 }
 
-
 /*
  * An Idempotency-Key is 1 to 255 visible ASCII characters, sent bare or as
  * an RFC 8941 string ("abc" means abc, with \" and \\ escapes). out holds

@@ -79,22 +79,8 @@ tx_call(struct http_request *req)
 	params[3] = r->fingerprint;
 	params[4] = (const char *)r->request.data;
 
-	if (!r->db_active) {
-		db_call_init(&r->db, req);
-		r->db_active = 1;
-	}
-
-	switch (db_call_step(&r->db, TX_RUN_SQL, 5, params)) {
-	case DB_CALL_PENDING:
-		return (HTTP_STATE_RETRY);
-	case DB_CALL_FAILED:
-		if (tx_rerun(r))
-			return (HTTP_STATE_CONTINUE);
-		return (idem_fail_db(req, &r->db));
-	default:
-		req->fsm_state = TX_STATE_RESPOND;
-		return (HTTP_STATE_CONTINUE);
-	}
+	return (idem_execute_rerun(req, TX_STATE_RESPOND, TX_RUN_SQL, 5, params,
+	    tx_rerun));
 }
 
 /*

@@ -95,14 +95,14 @@ def duplicate_does_the_work_when_the_first_dies(path, body, table):
          f"{path}: the first client's retry gets the duplicate's saved response", c)
 
 
-def first_open_after_its_key(path, operation, body, table, end):
+def first_open_after_its_key(path, operation, body, table, end, key=None):
     """The first attempt (tx_execute() as the API calls it) done in a psql
     session whose transaction stays open after it wrote the key; the API's
     duplicate waits on the key's index entry; then the session ends the
     transaction with `end`. The session's attempt carries the body's
     fingerprint but another customer, so that the two share no row but the
     key's."""
-    key = new_key()
+    key = key or new_key()
     first = PsqlSession()
     other = dict(body, customer_id=body["customer_id"] + "-other")
     out = first.run(
@@ -144,6 +144,25 @@ def duplicate_on_the_key_works_when_the_first_rolls_back(path, operation, body, 
          b.body.decode(), f"{path}: the key holds the duplicate's answer")
 
 
+def duplicate_on_a_business_unique_key_replays():
+    """An operation whose table has a unique key the duplicate writes too
+    (here a unique index on the orders' (client_id, idem_key), made for
+    this test): the duplicate waits on that index, not the key's, and gets
+    a unique violation (23505) when the first commits; the service runs the
+    call again, which replays."""
+    sql("create unique index orders_uniq_test on orders (client_id, idem_key)"
+        " where idem_key like 'uniq-%'")
+    try:
+        key, saved, b = first_open_after_its_key(
+            "/v1/orders", "orders.create", order, "orders", "commit",
+            key=new_key("uniq"))
+        t.ok(b.status == 201 and b.replayed and b.body == saved,
+             "/v1/orders: a duplicate stopped by a business unique key replays", b)
+        t.eq(rows("orders", key), "1", "/v1/orders: one order for its key")
+    finally:
+        sql("drop index orders_uniq_test")
+
+
 order = {"customer_id": "c-wait", "amount": 20000, "currency": "RUB"}
 bonus = {"customer_id": "c-wait", "points": 30, "reason": "gift"}
 
@@ -155,6 +174,7 @@ duplicate_on_the_key_replays("/v1/orders", "orders.create", order, "orders")
 duplicate_on_the_key_replays("/v1/bonuses", "bonuses.apply", bonus, "bonus_ledger")
 duplicate_on_the_key_works_when_the_first_rolls_back(
     "/v1/orders", "orders.create", order, "orders")
+duplicate_on_a_business_unique_key_replays()
 duplicate_on_the_key_works_when_the_first_rolls_back(
     "/v1/bonuses", "bonuses.apply", bonus, "bonus_ledger")
 
