@@ -21,6 +21,7 @@ asynchronous. What the clients were told and what survived makes the
 README's table."""
 
 import collections
+import itertools
 import json
 import os
 import random
@@ -139,6 +140,8 @@ Answer = collections.namedtuple("Answer", "key phase instance status body replay
 answers = []
 answers_lock = threading.Lock()
 keys = {}                # key -> (kind, path, body)
+keys_lock = threading.Lock()
+key_numbers = itertools.count()
 events = []              # (time, what)
 
 
@@ -165,7 +168,13 @@ payments_for_refunds = []
 
 
 def new_key(kind):
-    key = f"{RUN}-{kind}-{len(keys)}"
+    # Eight loader threads make keys at once: the number must be taken under a
+    # lock (numbering by len(keys) once gave two threads one key name with two
+    # different bodies, and the service rightly answered the second with 422).
+    with keys_lock:
+        key = f"{RUN}-{kind}-{next(key_numbers)}"
+        assert key not in keys, key
+        keys[key] = None
     if kind == "order":
         keys[key] = (kind, "/v1/orders", {
             "customer_id": random.choice(BONUS_CUSTOMERS),
