@@ -13,6 +13,7 @@ import hashlib
 import http.client
 import json
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -306,10 +307,31 @@ def alive(pid):
         return False
 
 
+# Ports for the servers a test starts, below Linux's ephemeral range
+# (32768-60999): a port the kernel picked (bind to 0) is one that any
+# client's connection may take as its own before the server binds it, or
+# while a test restarts the server on it. The fixed ports of the suites'
+# clusters (25439-25459, 26200-26203) are left out.
+_PORTS = [p for p in range(20000, 32000)
+          if not 25430 <= p < 25470 and not 26190 <= p < 26220]
+_given = set()
+_port_choice = random.Random().choice   # a test's own seeded random stays its own
+
+
 def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A port no server listens on, not given before to this process."""
+    for _ in range(1000):
+        port = _port_choice(_PORTS)
+        if port in _given:
+            continue
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        _given.add(port)
+        return port
+    raise RuntimeError("no free port in 20000-32000")
 
 
 _running = []
