@@ -310,10 +310,14 @@ def alive(pid):
 # Ports for the servers a test starts, below Linux's ephemeral range
 # (32768-60999): a port the kernel picked (bind to 0) is one that any
 # client's connection may take as its own before the server binds it, or
-# while a test restarts the server on it. The fixed ports of the suites'
-# clusters (25439-25459, 26200-26203) are left out.
+# while a test restarts the server on it. The ports of the suites'
+# clusters (25439-25459, 26200-26203, or where IDEM_TEST_PGPORT and
+# IDEM_TEST_CLUSTER_PGPORT put them) are left out: a test stops its
+# cluster for a while (43_outage), and the port must still be its own.
+_TAKEN = {int(os.environ[v]) + i for v in ("IDEM_TEST_PGPORT", "IDEM_TEST_CLUSTER_PGPORT")
+          if os.environ.get(v, "").isdigit() for i in range(4)}
 _PORTS = [p for p in range(20000, 32000)
-          if not 25430 <= p < 25470 and not 26190 <= p < 26220]
+          if not 25430 <= p < 25470 and not 26190 <= p < 26220 and p not in _TAKEN]
 _given = set()
 _port_choice = random.Random().choice   # a test's own seeded random stays its own
 
