@@ -42,11 +42,15 @@
  * the same calls as in Kore's queue, which this module cannot reach. Kore
  * 4.1 wakes a queued request when a connection is given back, but not when
  * it frees one itself (an error on the socket of a connection with a query
- * in flight: the database went away): the pool then has room and nobody
- * is woken. This list wakes them then (queue_wake()). Empty whenever the
- * worker holds no work, so a reload finds it empty.
+ * in flight: the database went away), nor when the request it woke for a
+ * connection is freed before it runs (its client left): the pool then has
+ * room and nobody is woken. This list wakes them then (queue_wake()).
+ * Empty whenever the worker holds no work, so a reload finds it empty.
  */
 TAILQ_HEAD(db_call_list, db_call);
+
+/* Kore's count of calls in its queue (one queue for every pool). */
+extern u_int32_t	pgsql_queue_count;
 
 static struct db_call_list	queued = TAILQ_HEAD_INITIALIZER(queued);
 
@@ -456,17 +460,38 @@ call_forget_failed(struct db_call *c)
  * the socket of a lost connection, Kore would ask epoll to forget fd -1 and
  * die of the error (and try to cancel the query on it); closing the socket
  * already took it out of epoll, so tell Kore the query is not scheduled.
+ *
+ * A call given up while queued, after it was woken for a connection that
+ * came free (Kore takes a call out of its queue when it wakes it; its
+ * client left, or its deadline passed, before it ran): that connection
+ * would stay unused while the rest of the queue sleeps on, Kore wakes
+ * nobody else for it. The next queued call is woken in its place.
  */
 static void
 call_release(struct db_call *c)
 {
+	u_int32_t	waiting;
+	int		was_queued, pass_on;
+
+	was_queued = c->queued;
+	pass_on = c->woken;
+	c->woken = 0;
+
 	queue_leave(c);
 	call_notices_restore(c);
 
 	if (c->sql.conn != NULL && PQsocket(c->sql.conn->db) < 0)
 		c->sql.flags &= ~KORE_PGSQL_SCHEDULED;
 
+	waiting = pgsql_queue_count;
 	kore_pgsql_cleanup(&c->sql);
+
+	/* Still in Kore's queue, it leaves it now: it was not woken. */
+	if (was_queued && pgsql_queue_count == waiting)
+		pass_on = 1;
+
+	if (pass_on)
+		queue_wake(c->dbname);
 }
 
 /*
