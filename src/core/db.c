@@ -49,9 +49,6 @@
  */
 TAILQ_HEAD(db_call_list, db_call);
 
-/* Kore's count of calls in its queue (one queue for every pool). */
-extern u_int32_t	pgsql_queue_count;
-
 static struct db_call_list	queued = TAILQ_HEAD_INITIALIZER(queued);
 
 static int	call_fail(struct db_call *);
@@ -72,6 +69,8 @@ static void	call_notices_restore(struct db_call *);
 static void	queue_join(struct db_call *);
 static void	queue_leave(struct db_call *);
 static void	queue_wake(const char *);
+static void	queue_woken(struct kore_pgsql *, void *);
+static void	queue_bind(struct db_call *, struct http_request *);
 static void	queue_requeue(struct db_call *);
 static int	call_classify(const char *);
 static char	*session_dsn(const char *);
@@ -82,13 +81,25 @@ void
 db_register(void)
 {
 	char		*dsn;
+	u_int16_t	max;
 
 	dsn = session_dsn(settings.database_url);
 
 	/* Registered again on a module reload, which is harmless. */
 	(void)kore_pgsql_register(DB_NAME, dsn);
-	(void)kore_pgsql_register(DB_NAME_JOBS, dsn);
 	(void)kore_pgsql_register(DB_NAME_HEALTH, dsn);
+
+	/*
+	 * The jobs poll their calls rather than sleep in Kore's queue, and a
+	 * call set up again while queued would be queued twice: their pool
+	 * has a connection for each, whatever pgsql_conn_max says (Kore sizes
+	 * a pool from it when the pool is registered).
+	 */
+	max = pgsql_conn_max;
+	if (pgsql_conn_max < DB_JOBS_CONN_MIN)
+		pgsql_conn_max = DB_JOBS_CONN_MIN;
+	(void)kore_pgsql_register(DB_NAME_JOBS, dsn);
+	pgsql_conn_max = max;
 
 	kore_free(dsn);
 }
@@ -100,7 +111,7 @@ db_call_init(struct db_call *c, struct http_request *req)
 	c->dbname = DB_NAME;
 	c->timeout_ms = settings.db_timeout_ms;
 	kore_pgsql_init(&c->sql);
-	kore_pgsql_bind_request(&c->sql, req);
+	queue_bind(c, req);
 }
 
 /*
@@ -150,7 +161,7 @@ int
 db_call_step(struct db_call *c, const char *query, int nparams,
     const char **values)
 {
-	int		i, lengths[DB_PARAMS_MAX], formats[DB_PARAMS_MAX];
+	int		i, spare, lengths[DB_PARAMS_MAX], formats[DB_PARAMS_MAX];
 
 	if (nparams > DB_PARAMS_MAX)
 		fatal("%s: %d parameters", __func__, nparams);
@@ -165,6 +176,12 @@ db_call_step(struct db_call *c, const char *query, int nparams,
 				return (call_fail(c));
 			}
 
+			/*
+			 * Woken twice, by Kore and by queue_wake(): two
+			 * connections came free for it, it takes one.
+			 */
+			spare = c->woken && c->kore_woken;
+			c->kore_woken = 0;
 			if (c->woken)
 				queue_requeue(c);
 			queue_leave(c);
@@ -187,6 +204,9 @@ db_call_step(struct db_call *c, const char *query, int nparams,
 				queue_wake(c->dbname);
 				return (call_fail(c));
 			}
+
+			if (spare)
+				queue_wake(c->dbname);
 
 			call_disarm(c);
 			call_check_connection(c);
@@ -461,21 +481,23 @@ call_forget_failed(struct db_call *c)
  * die of the error (and try to cancel the query on it); closing the socket
  * already took it out of epoll, so tell Kore the query is not scheduled.
  *
- * A call given up while queued, after it was woken for a connection that
- * came free (Kore takes a call out of its queue when it wakes it; its
- * client left, or its deadline passed, before it ran): that connection
- * would stay unused while the rest of the queue sleeps on, Kore wakes
- * nobody else for it. The next queued call is woken in its place.
+ * A call given up after it was woken for a connection that came free and
+ * before it ran (its client left in the same turn of the event loop, or
+ * its deadline passed just before): that connection would stay unused
+ * while the rest of the queue sleeps on, as Kore wakes nobody else for it.
+ * The next queued call is woken in its place, once for each wake it had.
+ * (Kore's queue is one for every pool: a connection of another pool given
+ * back may have woken it, and the call woken in its place then finds no
+ * room and queues again, at the end.)
  */
 static void
 call_release(struct db_call *c)
 {
-	u_int32_t	waiting;
-	int		was_queued, pass_on;
+	int		wakes;
 
-	was_queued = c->queued;
-	pass_on = c->woken;
+	wakes = c->woken + c->kore_woken;
 	c->woken = 0;
+	c->kore_woken = 0;
 
 	queue_leave(c);
 	call_notices_restore(c);
@@ -483,14 +505,9 @@ call_release(struct db_call *c)
 	if (c->sql.conn != NULL && PQsocket(c->sql.conn->db) < 0)
 		c->sql.flags &= ~KORE_PGSQL_SCHEDULED;
 
-	waiting = pgsql_queue_count;
 	kore_pgsql_cleanup(&c->sql);
 
-	/* Still in Kore's queue, it leaves it now: it was not woken. */
-	if (was_queued && pgsql_queue_count == waiting)
-		pass_on = 1;
-
-	if (pass_on)
+	while (wakes-- > 0)
 		queue_wake(c->dbname);
 }
 
@@ -849,7 +866,34 @@ queue_requeue(struct db_call *c)
 
 	kore_pgsql_cleanup(&c->sql);
 	kore_pgsql_init(&c->sql);
-	kore_pgsql_bind_request(&c->sql, req);
+	queue_bind(c, req);
 #endif
 	c->woken = 0;
+}
+
+/*
+ * A request's call, with a callback that tells when Kore wakes it from its
+ * queue: Kore 4.1 calls it there (not when it drops a call whose request
+ * is being freed), and after each event of the call's connection, which
+ * this callback ignores: only a woken queued call has no connection and
+ * nothing sent yet. Set beside the request, where kore_pgsql_bind_callback()
+ * would refuse it.
+ */
+static void
+queue_bind(struct db_call *c, struct http_request *req)
+{
+	kore_pgsql_bind_request(&c->sql, req);
+	c->sql.cb = queue_woken;
+	c->sql.arg = c;
+}
+
+static void
+queue_woken(struct kore_pgsql *sql, void *arg)
+{
+	struct db_call		*c = arg;
+
+	/* Queued, or woken by queue_wake() and still in Kore's queue. */
+	if ((c->queued || c->woken) && sql->conn == NULL &&
+	    sql->state == KORE_PGSQL_STATE_INIT)
+		c->kore_woken = 1;
 }

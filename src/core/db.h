@@ -14,6 +14,9 @@
 /* Requests, background jobs and health checks draw from separate pools. */
 #define DB_NAME			"db"
 #define DB_NAME_JOBS		"jobs"
+
+/* The jobs of a worker (cleanup, recovery, standby), each one call at once. */
+#define DB_JOBS_CONN_MIN	3
 #define DB_NAME_HEALTH		"health"
 
 #define DB_CALL_PENDING		1
@@ -67,11 +70,13 @@ struct db_call {
 
 	/*
 	 * Queued for a pooled connection (db.c's own list, beside Kore's
-	 * queue), and woken from it rather than by Kore.
+	 * queue); woken from it by db.c (woken) or by Kore for a connection
+	 * given back (kore_woken), and not yet run since.
 	 */
 	TAILQ_ENTRY(db_call)	queue;
 	int			queued;
 	int			woken;
+	int			kore_woken;
 };
 
 void		db_register(void);

@@ -24,6 +24,10 @@ static void	job_end(struct job *, u_int64_t);
 static struct job		*jobs[] = {
 	&cleanup_job, &recovery_job, &standby_job
 };
+
+/* Their pool has a connection for each job (db_register()). */
+typedef char jobs_fit_their_pool[
+    sizeof(jobs) / sizeof(jobs[0]) <= DB_JOBS_CONN_MIN ? 1 : -1];
 static struct kore_timer	*timer = NULL;
 
 void
