@@ -93,10 +93,10 @@ db_register(void)
 	 * The jobs poll their calls rather than sleep in Kore's queue, and a
 	 * call set up again while queued would be queued twice: their pool
 	 * has a connection for each, whatever pgsql_conn_max says (Kore sizes
-	 * a pool from it when the pool is registered).
+	 * a pool from it when the pool is registered; 0 is no limit).
 	 */
 	max = pgsql_conn_max;
-	if (pgsql_conn_max < DB_JOBS_CONN_MIN)
+	if (pgsql_conn_max != 0 && pgsql_conn_max < DB_JOBS_CONN_MIN)
 		pgsql_conn_max = DB_JOBS_CONN_MIN;
 	(void)kore_pgsql_register(DB_NAME_JOBS, dsn);
 	pgsql_conn_max = max;
@@ -199,9 +199,12 @@ db_call_step(struct db_call *c, const char *query, int nparams,
 				 * No connection could be made (the server
 				 * refuses them): the room in the pool is still
 				 * there for the next queued call, which fails
-				 * as fast or gets a connection.
+				 * as fast or gets a connection (and the spare
+				 * room of a call woken twice, for the one after).
 				 */
 				queue_wake(c->dbname);
+				if (spare)
+					queue_wake(c->dbname);
 				return (call_fail(c));
 			}
 
