@@ -135,6 +135,12 @@ load_dev_data() {
 	apply_sql "$1" "$ROOT"/dev/*.sql
 }
 
+# True when GET url answers 200 within 2 s (make demo and make cluster wait
+# for their servers with it).
+http_ready() {
+	[ "$(curl -s -o /dev/null -w '%{http_code}' --max-time 2 "$1")" = 200 ]
+}
+
 # Ctrl-C in a terminal signals its whole foreground process group: make as
 # well as the script it runs, and make then reports the interrupt ("***
 # Interrupt", status 130) whatever the script does. So a script started in

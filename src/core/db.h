@@ -14,10 +14,10 @@
 /* Requests, background jobs and health checks draw from separate pools. */
 #define DB_NAME			"db"
 #define DB_NAME_JOBS		"jobs"
+#define DB_NAME_HEALTH		"health"
 
 /* The jobs of a worker (cleanup, recovery, standby), each one call at once. */
 #define DB_JOBS_CONN_MIN	3
-#define DB_NAME_HEALTH		"health"
 
 #define DB_CALL_PENDING		1
 #define DB_CALL_DONE		2

@@ -28,6 +28,7 @@ static struct job		*jobs[] = {
 /* Their pool has a connection for each job (db_register()). */
 typedef char jobs_fit_their_pool[
     sizeof(jobs) / sizeof(jobs[0]) <= DB_JOBS_CONN_MIN ? 1 : -1];
+
 static struct kore_timer	*timer = NULL;
 
 void
