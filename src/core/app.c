@@ -143,6 +143,10 @@ api_init(int state)
 	settings_load();
 	metrics_attach();
 	db_register();
+	if (worker != NULL) {
+		db_pool_open(DB_NAME, pgsql_conn_max);
+		db_pool_open(DB_NAME_HEALTH, 1);
+	}
 	auth_init();
 	replay_cache_init();
 	provider_client_init();

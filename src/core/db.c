@@ -104,6 +104,46 @@ db_register(void)
 	kore_free(dsn);
 }
 
+/*
+ * Opens up to n connections of a pool when a worker starts, before it
+ * serves. Kore 4.1 makes a connection with a blocking PQconnectdb() in
+ * the event loop the first time its pool needs one: a burst on a fresh
+ * worker made it open a whole pool in a row, and everything else the
+ * worker had to do (a /healthz) waited for all of them, 2.4 s on a
+ * loaded machine (tests/http/59_cold_pool.py). Made here, they are only
+ * made again in the loop after a connection was lost. A database that
+ * refuses leaves the rest to be made when needed.
+ */
+void
+db_pool_open(const char *name, u_int16_t n)
+{
+	struct kore_pgsql	*held;
+	u_int16_t		i, got;
+
+	if (n == 0)
+		return;
+
+	held = kore_calloc(n, sizeof(*held));
+	for (got = 0; got < n; got++) {
+		kore_pgsql_init(&held[got]);
+		if (!kore_pgsql_setup(&held[got], name, KORE_PGSQL_SYNC)) {
+			/* Full already (a reload) is no news. */
+			if (held[got].error != NULL &&
+			    strcmp(held[got].error, "no available connection"))
+				kore_log(LOG_NOTICE, "pool %s: %u of %u "
+				    "connections opened at start: %s", name,
+				    got, n, held[got].error);
+			kore_pgsql_cleanup(&held[got]);
+			break;
+		}
+	}
+
+	/* Given back to Kore's pool: free, idle, made. */
+	for (i = 0; i < got; i++)
+		kore_pgsql_cleanup(&held[i]);
+	kore_free(held);
+}
+
 void
 db_call_init(struct db_call *c, struct http_request *req)
 {

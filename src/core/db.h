@@ -80,6 +80,7 @@ struct db_call {
 };
 
 void		db_register(void);
+void		db_pool_open(const char *, u_int16_t);
 void		db_call_init(struct db_call *, struct http_request *);
 void		db_call_init_job(struct db_call *);
 void		db_call_init_health(struct db_call *, struct http_request *);

@@ -43,6 +43,7 @@ jobs_start(void)
 	    (u_int64_t)settings.recovery_interval_seconds * 1000;
 	standby_job.interval_ms = REPLAY_CACHE_STANDBY_MS;
 
+	db_pool_open(DB_NAME_JOBS, DB_JOBS_CONN_MIN);
 	timer = kore_timer_add(jobs_tick, JOBS_POLL_MS, NULL, 0);
 }
 

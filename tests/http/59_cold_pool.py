@@ -1,0 +1,98 @@
+"""Kore 4.1 opens a pooled connection with a blocking PQconnectdb(), in
+the worker's event loop, the first time the pool needs one. A burst on a
+worker that had opened none made it open up to pgsql_conn_max of them in
+a row, and everything else the worker had to do waited for all of them:
+/healthz took 2.4 s in a CI run, on a loaded machine, while no request was
+doing anything slow. The worker now opens its pools when it starts,
+before it serves, so a burst finds its connections made.
+
+Made visible here with a database that takes a while to accept a
+connection (a remote server, a loaded one): a proxy in front of it that
+waits DELAY before it passes a new connection on."""
+
+import os
+import socket
+import sys
+import threading
+import time
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "lib"))
+from harness import (Api, Background, Tap, free_port, new_key,  # noqa: E402
+                     request, sql_value)
+
+DELAY = 0.15
+CONNECTIONS = 16
+t = Tap()
+
+
+class SlowAccept:
+    """A TCP proxy to PostgreSQL that holds each new connection for DELAY
+    before it connects it through."""
+
+    def __init__(self, target_port):
+        self.target = target_port
+        self.sock = socket.socket()
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self.sock.bind(("127.0.0.1", free_port()))
+        self.sock.listen(128)
+        self.port = self.sock.getsockname()[1]
+        self.accepted = 0
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self):
+        while True:
+            client, _ = self.sock.accept()
+            self.accepted += 1
+            threading.Thread(target=self._open, args=(client,), daemon=True).start()
+
+    def _open(self, client):
+        time.sleep(DELAY)
+        server = socket.create_connection(("127.0.0.1", self.target))
+        for a, b in ((client, server), (server, client)):
+            threading.Thread(target=self._pump, args=(a, b), daemon=True).start()
+
+    @staticmethod
+    def _pump(src, dst):
+        try:
+            while True:
+                data = src.recv(65536)
+                if not data:
+                    break
+                dst.sendall(data)
+        except OSError:
+            pass
+        for s in (src, dst):
+            try:
+                s.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+
+
+proxy = SlowAccept(int(os.environ["IDEM_TEST_PGPORT"]))
+db = sql_value("select current_database()")
+api = Api(name="api-cold", conf_extra=["workers 1", f"pgsql_conn_max {CONNECTIONS}"])
+api.env["IDEM_DATABASE_URL"] = f"host=127.0.0.1 port={proxy.port} dbname={db} user=idem"
+api.start()
+
+
+def order(i):
+    return api.post("/v1/orders", {"customer_id": f"c-cold-{i}", "amount": 100,
+                                   "currency": "RUB"}, key=new_key("cold"), timeout=30)
+
+
+# A burst as wide as the pool, on a worker that has served only /healthz.
+burst = [Background(order, i) for i in range(2 * CONNECTIONS)]
+time.sleep(2 * DELAY)
+started = time.monotonic()
+h = request(api.port, "GET", "/healthz", timeout=10)
+took = time.monotonic() - started
+t.ok(h.status == 200 and took <= 1.0,
+     f"/healthz answers within a second during a burst on a fresh worker ({took:.2f} s)", h)
+answers = [b.wait(30) for b in burst]
+t.eq(sorted({a.status for a in answers}), [201], "every order of the burst is created")
+opened = proxy.accepted
+t.ok(opened <= CONNECTIONS + 1 + 3,
+     f"no more connections than the pools hold ({opened})")
+t.eq(request(api.port, "GET", "/healthz").status, 200, "the worker lives")
+api.stop()
+t.done()
