@@ -105,37 +105,53 @@ db_register(void)
 }
 
 /*
- * Opens up to n connections of a pool when a worker starts, before it
- * serves. Kore 4.1 makes a connection with a blocking PQconnectdb() in
- * the event loop the first time its pool needs one: a burst on a fresh
- * worker made it open a whole pool in a row, and everything else the
- * worker had to do (a /healthz) waited for all of them, 2.4 s on a
- * loaded machine (tests/http/59_cold_pool.py). Made here, they are only
- * made again in the loop after a connection was lost. A database that
- * refuses leaves the rest to be made when needed.
+ * Opens n connections of a pool (DB_POOL_OPEN_UNLIMITED where
+ * pgsql_conn_max is 0, no limit) when a worker starts, before it serves.
+ * Kore 4.1 makes a connection with a blocking PQconnectdb() in the event
+ * loop the first time its pool needs one: a burst on a fresh worker made
+ * it open a whole pool in a row, and everything else the worker had to do
+ * (a /healthz) waited for all of them, 2.4 s on a loaded machine
+ * (tests/http/59_cold_pool.py). Made here, they are only made again in
+ * the loop after a connection was lost.
+ *
+ * A connection that cannot be made (the database refuses, or does not
+ * answer within connect_timeout) ends the opening for every pool of the
+ * worker: the rest are made when needed, and a database that does not
+ * answer holds the worker's start for one connect only.
+ *
+ * Each connection given back wakes Kore's queue of waiting calls, which
+ * is empty here: at a worker's start, and at a reload, which loads the
+ * new image only once the worker holds no work (reload.c).
  */
 void
 db_pool_open(const char *name, u_int16_t n)
 {
 	struct kore_pgsql	*held;
+	const char		*err;
 	u_int16_t		i, got;
+	static int		failed = 0;
 
 	if (n == 0)
+		n = DB_POOL_OPEN_UNLIMITED;
+	if (failed)
 		return;
 
 	held = kore_calloc(n, sizeof(*held));
 	for (got = 0; got < n; got++) {
 		kore_pgsql_init(&held[got]);
-		if (!kore_pgsql_setup(&held[got], name, KORE_PGSQL_SYNC)) {
-			/* Full already (a reload) is no news. */
-			if (held[got].error != NULL &&
-			    strcmp(held[got].error, "no available connection"))
-				kore_log(LOG_NOTICE, "pool %s: %u of %u "
-				    "connections opened at start: %s", name,
-				    got, n, held[got].error);
-			kore_pgsql_cleanup(&held[got]);
-			break;
+		if (kore_pgsql_setup(&held[got], name, KORE_PGSQL_SYNC))
+			continue;
+
+		/* Full already (a reload) is no news. */
+		err = held[got].error != NULL ? held[got].error : "";
+		if (strcmp(err, "no available connection")) {
+			failed = 1;
+			kore_log(LOG_NOTICE, "pool %s: %u of %u connections "
+			    "opened at start, the rest when needed: %.*s",
+			    name, got, n, (int)strcspn(err, "\n"), err);
 		}
+		kore_pgsql_cleanup(&held[got]);
+		break;
 	}
 
 	/* Given back to Kore's pool: free, idle, made. */

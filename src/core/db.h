@@ -19,6 +19,9 @@
 /* The jobs of a worker (cleanup, recovery, standby), each one call at once. */
 #define DB_JOBS_CONN_MIN	3
 
+/* The request connections a worker opens at start when the pool has no limit. */
+#define DB_POOL_OPEN_UNLIMITED	16
+
 #define DB_CALL_PENDING		1
 #define DB_CALL_DONE		2
 #define DB_CALL_FAILED		3

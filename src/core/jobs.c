@@ -43,7 +43,8 @@ jobs_start(void)
 	    (u_int64_t)settings.recovery_interval_seconds * 1000;
 	standby_job.interval_ms = REPLAY_CACHE_STANDBY_MS;
 
-	db_pool_open(DB_NAME_JOBS, DB_JOBS_CONN_MIN);
+	/* A connection for each job, made before the worker serves. */
+	db_pool_open(DB_NAME_JOBS, sizeof(jobs) / sizeof(jobs[0]));
 	timer = kore_timer_add(jobs_tick, JOBS_POLL_MS, NULL, 0);
 }
 
