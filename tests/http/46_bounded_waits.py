@@ -89,20 +89,32 @@ t.ok(r.status == 201 and r.json()["balance"] == 90,
 # PostgreSQL breaks the cycle by rolling the request back (40P01): nothing
 # of it stayed, so the service runs it again, and it goes through once the
 # session is gone. The client sees one 201.
+#
+# PostgreSQL rolls back whoever's deadlock check finds the cycle: one check
+# per lock wait, deadlock_timeout after the wait began. The transfer waits
+# first, and its check must come after the session waits, or the session
+# would be the one rolled back; on a loaded machine the session's request
+# came more than the default second later (the test failed so). Here the
+# transfer's connections check after 5 s (its IDEM_DB_TIMEOUT_MS is longer,
+# so no lock_timeout comes first) and the session's check never runs.
+dl = Api(name="api-deadlock", IDEM_DB_TIMEOUT_MS=15000)
+dl.env["IDEM_DATABASE_URL"] += " options='-c deadlock_timeout=5s'"
+dl.start()
 t.eq(bonus("c-dead-a", 50).status, 201, "an account with 50 points")
 t.eq(bonus("c-dead-b", 1).status, 201, "and another")
 s = lock_account("c-dead-b")
+s.run("set deadlock_timeout = '60s';")
 key = new_key("dead")
-pending = Background(api.post, "/v1/bonuses/transfers",
+pending = Background(dl.post, "/v1/bonuses/transfers",
                      {"from_customer_id": "c-dead-a", "to_customer_id": "c-dead-b",
                       "points": 5, "reason": "waits"}, key=key, timeout=30)
 wait_until(lambda: int(sql_value(
     "select count(*) from pg_stat_activity where wait_event_type = 'Lock'"
     " and query like '%tx_execute(%'")) == 1, "the transfer to wait for the account")
-log_before = len(api.read_log())
+log_before = len(dl.read_log())
 s.run("select balance from bonus_accounts where client_id = 'shop-1'"
       " and customer_id = 'c-dead-a' for update;")
-wait_until(lambda: "(40P01)" in api.read_log()[log_before:],
+wait_until(lambda: "(40P01)" in dl.read_log()[log_before:],
            "the deadlock to roll the transfer back")
 t.ok(not pending.done(), "the transfer, run again, waits for the session")
 s.run("rollback;")
@@ -112,11 +124,12 @@ t.ok(r.status == 201 and not r.replayed,
      "a request rolled back by a deadlock is run again: the client gets 201", r)
 t.eq(sql_value("select count(*) from bonus_transfers where client_id = 'shop-1'"
                f" and idem_key = {quote(key)}"), "1", "one transfer for its key")
-t.eq(api.get("/v1/bonuses/c-dead-a").json()["balance"], 45, "5 points moved once")
-r2 = api.post("/v1/bonuses/transfers",
-              {"from_customer_id": "c-dead-a", "to_customer_id": "c-dead-b",
-               "points": 5, "reason": "waits"}, key=key)
+t.eq(dl.get("/v1/bonuses/c-dead-a").json()["balance"], 45, "5 points moved once")
+r2 = dl.post("/v1/bonuses/transfers",
+             {"from_customer_id": "c-dead-a", "to_customer_id": "c-dead-b",
+              "points": 5, "reason": "waits"}, key=key)
 t.ok(r2.status == 201 and r2.replayed and r2.body == r.body, "its retry replays", r2)
+dl.stop()
 
 # The isolation level is pinned: with the database's default made
 # REPEATABLE READ, a duplicate that waited on the key still replays.
