@@ -361,7 +361,7 @@ def problems(*groups):
 
 AUTHED = [(["unauthorized"],),
           (["internal-error"],),
-          (["database-unavailable"], (), True)]
+          (["database-unavailable", "database-misconfigured"], (), True)]
 WRITE = [(["idempotency-key-missing", "idempotency-key-malformed",
            "invalid-json", "invalid-request"],),
          (["unsupported-media-type"],),
@@ -498,7 +498,9 @@ OPERATIONS.update({
         "security": NO_AUTH,
         "responses": dict({"200": json_response("The database answers.",
                                                 "Health")},
-                          **problems((["database-unavailable"], (), True))),
+                          **problems((["database-unavailable",
+                                       "database-misconfigured"], (),
+                                      True))),
     },
     "GET /metrics": {
         "summary": "Prometheus metrics",

@@ -27,12 +27,15 @@
 -- round trip to the standby per replay. Without a synchronous standby
 -- there is nothing to wait for, and no record is written (no flush per
 -- replay on a single server).
--- Whether a commit now waits for a synchronous standby. The workers' replay
--- caches keep it with each answer (src/core/replay_cache.c).
+-- Whether a commit now waits for a synchronous standby: one is named, and
+-- this session's synchronous_commit waits for it (the service pins it to
+-- on; a role's default of local or off would not wait). The workers'
+-- replay caches keep it with each answer (src/core/replay_cache.c).
 create or replace function idem_standby()
 returns boolean
 language sql stable as $$
-	select current_setting('synchronous_standby_names') <> '';
+	select current_setting('synchronous_standby_names') <> ''
+	    and current_setting('synchronous_commit') not in ('local', 'off');
 $$;
 
 comment on function idem_standby() is

@@ -10,6 +10,7 @@
 
 #include <kore/kore.h>
 #include <kore/http.h>
+#include <kore/pgsql.h>
 #include <kore/seccomp.h>
 
 #include "accesslog.h"
@@ -29,8 +30,8 @@
 
 /*
  * Syscalls beyond Kore's own filters: libpq's stat() of ~/.pgpass and its
- * GSSAPI probe, libcurl's getpeername(), and the shutdown() that closes a
- * database connection whose answer is overdue (db.c).
+ * GSSAPI probe, libcurl's getpeername(), and shutdown(), which libcurl
+ * may use on a connection it drops.
  */
 #define APP_SYSCALLS							\
 	KORE_SYSCALL_ALLOW(shutdown),					\
@@ -132,6 +133,7 @@ api_init(int state)
 		if (reload_unload() != KORE_RESULT_OK)
 			return (KORE_RESULT_ERROR);
 		jobs_stop();
+		db_unload();
 		wakeup_stop();
 		provider_client_unload();
 		auth_unload();
@@ -144,8 +146,10 @@ api_init(int state)
 	metrics_attach();
 	db_register();
 	if (worker != NULL) {
-		db_pool_open(DB_NAME, pgsql_conn_max);
-		db_pool_open(DB_NAME_HEALTH, 1);
+		db_pool_open(DB_POOL_REQUESTS, pgsql_conn_max != 0 ?
+		    pgsql_conn_max : DB_REQUESTS_UNLIMITED);
+		db_pool_open(DB_POOL_HEALTH, 1);
+		db_pool_open(DB_POOL_AUTH, DB_AUTH_CONNS);
 	}
 	auth_init();
 	replay_cache_init();

@@ -16,6 +16,15 @@
 #define AUTH_BUCKETS		256
 #define AUTH_CACHE_MAX		4096
 
+/*
+ * An unknown token is remembered this long, so that a flood of them costs
+ * one lookup per token and worker, not one per request; at most
+ * AUTH_UNKNOWN_MAX of them at once (past that, lookups on the token pool).
+ * A client added meanwhile is refused until its token is forgotten.
+ */
+#define AUTH_UNKNOWN_MS		5000
+#define AUTH_UNKNOWN_MAX	1024
+
 #define AUTH_LOOKUP_SQL							\
 	"SELECT client_id FROM clients WHERE token_sha256 = $1"
 
@@ -23,6 +32,7 @@ struct auth_entry {
 	char			token_sha256[65];
 	char			client_id[AUTH_CLIENT_ID_MAX + 1];
 	u_int64_t		expires;
+	int			unknown;
 	TAILQ_ENTRY(auth_entry)	list;
 };
 
@@ -31,11 +41,13 @@ TAILQ_HEAD(auth_bucket, auth_entry);
 static int	token_hash(struct http_request *, char *);
 static int	cache_bucket(const char *);
 static int	cache_find(const char *, char *);
-static void	cache_add(const char *, const char *);
+static void	cache_add(const char *, const char *, int);
+static void	cache_free(struct auth_bucket *, struct auth_entry *);
 static void	cache_flush(void);
 
 static struct auth_bucket	cache[AUTH_BUCKETS];
 static size_t			cache_count = 0;
+static size_t			unknown_count = 0;
 
 void
 auth_init(void)
@@ -69,9 +81,17 @@ auth_step(struct http_request *req, struct auth_lookup *a, char *client_id)
 	if (!a->querying) {
 		if (!token_hash(req, a->token_sha256))
 			return (AUTH_DENIED);
-		if (cache_find(a->token_sha256, client_id))
+		switch (cache_find(a->token_sha256, client_id)) {
+		case AUTH_OK:
 			return (AUTH_OK);
-		db_call_init(&a->db, req);
+		case AUTH_DENIED:
+			return (AUTH_DENIED);
+		default:
+			break;
+		}
+		/* Its own pool: an unknown token never takes a request's. */
+		db_call_init_pool(&a->db, req, DB_POOL_AUTH,
+		    settings.db_timeout_ms);
 		a->querying = 1;
 	}
 
@@ -89,13 +109,14 @@ auth_step(struct http_request *req, struct auth_lookup *a, char *client_id)
 
 	if (db_call_rows(&a->db) != 1 ||
 	    db_call_length(&a->db, 0) > AUTH_CLIENT_ID_MAX) {
+		cache_add(a->token_sha256, "", 1);
 		auth_cleanup(a);
 		return (AUTH_DENIED);
 	}
 
 	(void)kore_strlcpy(client_id, db_call_value(&a->db, 0),
 	    AUTH_CLIENT_ID_MAX + 1);
-	cache_add(a->token_sha256, client_id);
+	cache_add(a->token_sha256, client_id, 0);
 	auth_cleanup(a);
 
 	return (AUTH_OK);
@@ -152,6 +173,10 @@ cache_bucket(const char *hash)
 	    (strchr(hex, hash[1]) - hex)));
 }
 
+/*
+ * AUTH_OK with the token's client, AUTH_DENIED for a token known to be
+ * unknown, AUTH_PENDING when it must be looked up.
+ */
 static int
 cache_find(const char *hash, char *client_id)
 {
@@ -165,26 +190,39 @@ cache_find(const char *hash, char *client_id)
 
 		/* cppcheck-suppress uninitvar */
 		if (e->expires <= kore_time_ms()) {
-			TAILQ_REMOVE(b, e, list);
-			kore_free(e);
-			cache_count--;
-			return (KORE_RESULT_ERROR);
+			cache_free(b, e);
+			return (AUTH_PENDING);
 		}
+
+		if (e->unknown)
+			return (AUTH_DENIED);
 
 		(void)kore_strlcpy(client_id, e->client_id,
 		    AUTH_CLIENT_ID_MAX + 1);
-		return (KORE_RESULT_OK);
+		return (AUTH_OK);
 	}
 
-	return (KORE_RESULT_ERROR);
+	return (AUTH_PENDING);
 }
 
 static void
-cache_add(const char *hash, const char *client_id)
+cache_free(struct auth_bucket *b, struct auth_entry *e)
+{
+	TAILQ_REMOVE(b, e, list);
+	if (e->unknown)
+		unknown_count--;
+	cache_count--;
+	kore_free(e);
+}
+
+static void
+cache_add(const char *hash, const char *client_id, int unknown)
 {
 	struct auth_entry	*e;
 
-	if (settings.auth_cache_seconds == 0)
+	if (!unknown && settings.auth_cache_seconds == 0)
+		return;
+	if (unknown && unknown_count >= AUTH_UNKNOWN_MAX)
 		return;
 
 	if (cache_count >= AUTH_CACHE_MAX)
@@ -193,8 +231,11 @@ cache_add(const char *hash, const char *client_id)
 	e = kore_calloc(1, sizeof(*e));
 	(void)kore_strlcpy(e->token_sha256, hash, sizeof(e->token_sha256));
 	(void)kore_strlcpy(e->client_id, client_id, sizeof(e->client_id));
-	e->expires = kore_time_ms() +
-	    (u_int64_t)settings.auth_cache_seconds * 1000;
+	e->unknown = unknown;
+	e->expires = kore_time_ms() + (unknown ? AUTH_UNKNOWN_MS :
+	    (u_int64_t)settings.auth_cache_seconds * 1000);
+	if (unknown)
+		unknown_count++;
 
 	TAILQ_INSERT_HEAD(&cache[cache_bucket(hash)], e, list);
 	cache_count++;
@@ -214,4 +255,5 @@ cache_flush(void)
 	}
 
 	cache_count = 0;
+	unknown_count = 0;
 }

@@ -1,357 +1,383 @@
 /*
- * Asynchronous calls of SQL functions through Kore's pgsql layer.
+ * The service's PostgreSQL connections on Kore's event loop, with libpq's
+ * asynchronous API only: PQconnectStartParams()/PQconnectPoll() to make a
+ * connection, PQsendQueryParams(), PQflush(), PQconsumeInput(),
+ * PQisBusy() and PQgetResult() when it cannot wait. No call here blocks a
+ * worker: no PQconnectdb(), PQreset(), PQcancel() or waiting PQgetResult().
+ *
+ * A connection is in one of these states:
+ *
+ *	CLOSED		no PGconn; db_tick() makes it (while the pool's last
+ *			attempt failed, one connection at a time, at most
+ *			every DB_RETRY_MS).
+ *	CONNECTING	PQconnectPoll() under way, until its deadline.
+ *	IDLE		on the pool's idle list, its socket watched for
+ *			reading: a server that closes it (a restart, a
+ *			failover) is noticed at once and it is made again.
+ *	BUSY		a call's statement in flight (conn->call).
+ *	DRAINING	its call went away before the answer was in (the
+ *			client left, a reload of the request): the answer is
+ *			read to ReadyForQuery and dropped, then IDLE; closed
+ *			if it has not come within the call's own bound.
+ *
+ * A call waits in its pool's queue, oldest first, until a connection is
+ * handed to it: a connection that comes free (a call done, a connection
+ * made) goes straight to the head of the queue, never back to a list that
+ * the waiter must look at again, so no wake-up is lost. A call gives up at
+ * its deadline, wherever it is: queued, it leaves the queue; sent, its
+ * connection is closed under the statement a grace later (the server's
+ * own statement_timeout and lock_timeout normally end it first).
  *
  * A call is done only when PostgreSQL has sent ReadyForQuery, that is when
  * the implicit transaction of the statement has committed: a row read
  * before that could still be rolled back, and a response built on it would
  * promise what the database does not hold.
  *
- * Every wait is bounded by IDEM_DB_TIMEOUT_MS: PostgreSQL cancels a
- * statement or a lock wait that takes longer (the session settings below),
- * a request queued for a pooled connection gives up after it, and a call
- * whose answer has not come a little later (a commit waiting for a standby
- * that does not confirm, a server that stopped answering) has its
- * connection closed under it. Each is answered as a retryable 503; a
- * commit whose answer was lost has an unknown outcome, which the client's
- * retry with the same key settles.
+ * Kore reads a batch of events before it runs their handlers: a connection
+ * closed by one handler may still have an event further down the batch.
+ * A closed connection ignores events, and connections are only made again
+ * from db_tick(), a timer, which Kore runs after the batch.
  */
 
 #include <sys/types.h>
-#include <sys/socket.h>
+#include <sys/epoll.h>
 
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "db.h"
 #include "metrics.h"
 #include "settings.h"
 
-#define DB_PHASE_SETUP		0
-#define DB_PHASE_WAIT		1
-#define DB_PHASE_DONE		2
-#define DB_PHASE_FAILED		3
+#define CONN_CLOSED		0
+#define CONN_CONNECTING		1
+#define CONN_IDLE		2
+#define CONN_BUSY		3
+#define CONN_DRAINING		4
+
+#define DB_PHASE_INIT		0
+#define DB_PHASE_QUEUED		1	/* waiting for, or handed, a conn */
+#define DB_PHASE_WAIT		2	/* sent, its answer being read */
+#define DB_PHASE_ANSWERED	3	/* answer in, or the call given up */
+#define DB_PHASE_DONE		4
+#define DB_PHASE_FAILED		5
 
 /* How much later than the server's own timeout the client gives up. */
 #define DB_GRACE_MS		500
 
-/* /healthz answers within a second (with the grace), whatever the pool does. */
-#define DB_HEALTH_TIMEOUT_MS	(1000 - DB_GRACE_MS)
+/* The timer that runs deadlines and makes connections. */
+#define DB_TICK_MS		50
 
 /*
- * The calls of this worker queued for a pooled connection, oldest first:
- * the same calls as in Kore's queue, which this module cannot reach. Kore
- * 4.1 wakes a queued request when a connection is given back, but not when
- * it frees one itself (an error on the socket of a connection with a query
- * in flight: the database went away), nor when the request it woke for a
- * connection is freed before it runs (its client left): the pool then has
- * room and nobody is woken. This list wakes them then (queue_wake()).
- * Empty whenever the worker holds no work, so a reload finds it empty.
+ * /healthz answers within a second whatever the database does: its bound,
+ * the grace, and two steps of the deadline timer.
  */
+#define DB_HEALTH_TIMEOUT_MS	(1000 - DB_GRACE_MS - 2 * DB_TICK_MS)
+
+/* Between two attempts to connect while the database refuses. */
+#define DB_RETRY_MS		250
+
+/* A connection attempt's bound when the URL gives no connect_timeout. */
+#define DB_CONNECT_TIMEOUT_MS	5000
+
+/* The same failure is logged at most this often per pool. */
+#define DB_LOG_INTERVAL_MS	10000
+
+/* Hosts of a multi-host URL an attempt may start with (see dsn_build()). */
+#define DB_ROTATIONS_MAX	8
+
+#define CAUSE_NONE		0
+#define CAUSE_UNREACHABLE	DB_ERROR_UNAVAILABLE
+#define CAUSE_MISCONFIGURED	DB_ERROR_MISCONFIGURED
+
+struct db_conn {
+	/* First: Kore's epoll hands this struct back as the event's data. */
+	struct kore_event	evt;
+	struct db_pool		*pool;
+	PGconn			*pg;
+	int			state;
+	int			events;
+	int			flushing;
+	struct db_call		*call;
+	u_int64_t		deadline;
+	TAILQ_ENTRY(db_conn)	list;
+};
+
+TAILQ_HEAD(db_conn_list, db_conn);
 TAILQ_HEAD(db_call_list, db_call);
 
-static struct db_call_list	queued = TAILQ_HEAD_INITIALIZER(queued);
+struct db_pool {
+	const char		*name;
+	u_int16_t		size;
+	struct db_conn		*conns;
+	struct db_conn_list	idle;
+	struct db_call_list	waiting;
 
+	/* The last attempt to connect failed: why, and when to try again. */
+	int			failing;
+	int			cause;
+	char			why[DB_CAUSE_MAX];
+	u_int64_t		retry_at;
+	u_int64_t		logged_at;
+	u_int32_t		rotation;
+};
+
+static void	conn_start(struct db_conn *);
+static void	conn_ready(void *, int);
+static void	conn_connect_poll(struct db_conn *);
+static void	conn_connect_failed(struct db_conn *, const char *);
+static void	conn_watch(struct db_conn *, int);
+static void	conn_give(struct db_conn *);
+static void	conn_close(struct db_conn *);
+static int	conn_alive(struct db_conn *);
+static void	conn_read(struct db_conn *);
+static void	conn_lost(struct db_conn *, const char *);
+static void	conn_notice(void *, const PGresult *);
+static int	pool_open_count(struct db_pool *);
+static void	pool_fail_waiters(struct db_pool *);
+static void	pool_log(struct db_pool *, const char *, const char *);
+static void	db_tick(void *, u_int64_t);
+static void	call_queue(struct db_call *, int);
+static void	call_send(struct db_call *, const char *, int, const char **);
+static void	call_answer(struct db_call *, int);
+static void	call_wake(struct db_call *);
+static void	call_sleep(struct db_call *);
+static int	call_settle(struct db_call *);
 static int	call_fail(struct db_call *);
-static int	call_conflict(struct db_call *);
-static void	call_forget_failed(struct db_call *);
 static int	call_has(struct db_call *, int);
-static void	call_release(struct db_call *);
-static void	call_check_connection(struct db_call *);
-static void	call_drop_connection(struct db_call *);
-static void	job_callback(struct kore_pgsql *, void *);
-static void	call_arm(struct db_call *, u_int32_t);
-static void	call_disarm(struct db_call *);
-static void	call_deadline(void *, u_int64_t);
-static void	call_abort(struct db_call *);
-static void	call_shutdown(struct db_call *);
-static void	call_notice(void *, const PGresult *);
-static void	call_notices_restore(struct db_call *);
-static void	queue_join(struct db_call *);
-static void	queue_leave(struct db_call *);
-static void	queue_wake(const char *);
-static void	queue_woken(struct kore_pgsql *, void *);
-static void	queue_bind(struct db_call *, struct http_request *);
-static void	queue_requeue(struct db_call *);
+static void	call_message(struct db_call *, const char *);
 static int	call_classify(const char *);
-static char	*session_dsn(const char *);
+static int	cause_classify(const char *, char *, size_t);
+static void	dsn_build(const char *);
+static char	*dsn_rotated(PQconninfoOption *, u_int32_t, const char *);
+static void	list_rotated(struct kore_buf *, const char *, u_int32_t);
 static void	dsn_append(struct kore_buf *, const char *, const char *);
 static void	options_append(struct kore_buf *, const char *);
 
+static struct db_pool		pools[DB_POOLS];
+static struct kore_timer	*ticker = NULL;
+static char			*dsns[DB_ROTATIONS_MAX];
+static u_int32_t		rotations = 0;
+static u_int32_t		connect_timeout_ms = DB_CONNECT_TIMEOUT_MS;
+
+static const char	*pool_names[DB_POOLS] = {
+	[DB_POOL_REQUESTS] = "requests",
+	[DB_POOL_HEALTH] = "health",
+	[DB_POOL_AUTH] = "auth",
+	[DB_POOL_JOBS] = "jobs",
+};
+
+/*
+ * Reads IDEM_DATABASE_URL into the connection strings every connection of
+ * this worker uses. Called when the module is loaded, before any pool is
+ * opened.
+ */
 void
 db_register(void)
 {
-	char		*dsn;
-	u_int16_t	max;
-
-	dsn = session_dsn(settings.database_url);
-
-	/* Registered again on a module reload, which is harmless. */
-	(void)kore_pgsql_register(DB_NAME, dsn);
-	(void)kore_pgsql_register(DB_NAME_HEALTH, dsn);
-
-	/*
-	 * The jobs poll their calls rather than sleep in Kore's queue, and a
-	 * call set up again while queued would be queued twice: their pool
-	 * has a connection for each, whatever pgsql_conn_max says (Kore sizes
-	 * a pool from it when the pool is registered; 0 is no limit).
-	 */
-	max = pgsql_conn_max;
-	if (pgsql_conn_max != 0 && pgsql_conn_max < DB_JOBS_CONN_MIN)
-		pgsql_conn_max = DB_JOBS_CONN_MIN;
-	(void)kore_pgsql_register(DB_NAME_JOBS, dsn);
-	pgsql_conn_max = max;
-
-	kore_free(dsn);
+	if (rotations == 0)
+		dsn_build(settings.database_url);
 }
 
 /*
- * Opens n connections of a pool (DB_POOL_OPEN_UNLIMITED where
- * pgsql_conn_max is 0, no limit) when a worker starts, before it serves.
- * Kore 4.1 makes a connection with a blocking PQconnectdb() in the event
- * loop the first time its pool needs one: a burst on a fresh worker made
- * it open a whole pool in a row, and everything else the worker had to do
- * (a /healthz) waited for all of them, 2.4 s on a loaded machine
- * (tests/http/59_cold_pool.py). Made here, they are only made again in
- * the loop after a connection was lost.
- *
- * A connection that cannot be made (the database refuses, or does not
- * answer within connect_timeout) ends the opening for every pool of the
- * worker: the rest are made when needed, and a database that does not
- * answer holds the worker's start for one connect only.
- *
- * Each connection given back wakes Kore's queue of waiting calls, which
- * is empty here: at a worker's start, and at a reload, which loads the
- * new image only once the worker holds no work (reload.c).
+ * Opens a pool of n connections: made from here on, without waiting, and
+ * served to calls as they come in. Opening a pool again does nothing.
  */
 void
-db_pool_open(const char *name, u_int16_t n)
+db_pool_open(int id, u_int16_t n)
 {
-	struct kore_pgsql	*held;
-	const char		*err;
-	u_int16_t		i, got;
-	static int		failed = 0;
+	struct db_pool		*pool = &pools[id];
+	u_int16_t		i;
 
-	if (n == 0)
-		n = DB_POOL_OPEN_UNLIMITED;
-	if (failed)
+	if (pool->size != 0 || n == 0)
 		return;
 
-	held = kore_calloc(n, sizeof(*held));
-	for (got = 0; got < n; got++) {
-		kore_pgsql_init(&held[got]);
-		if (kore_pgsql_setup(&held[got], name, KORE_PGSQL_SYNC))
-			continue;
+	db_register();
 
-		/* Full already (a reload) is no news. */
-		err = held[got].error != NULL ? held[got].error : "";
-		if (strcmp(err, "no available connection")) {
-			failed = 1;
-			kore_log(LOG_NOTICE, "pool %s: %u of %u connections "
-			    "opened at start, the rest when needed: %.*s",
-			    name, got, n, (int)strcspn(err, "\n"), err);
-		}
-		kore_pgsql_cleanup(&held[got]);
-		break;
+	pool->name = pool_names[id];
+	pool->size = n;
+	pool->conns = kore_calloc(n, sizeof(*pool->conns));
+	TAILQ_INIT(&pool->idle);
+	TAILQ_INIT(&pool->waiting);
+
+	for (i = 0; i < n; i++) {
+		pool->conns[i].pool = pool;
+		pool->conns[i].evt.type = KORE_TYPE_PGSQL_CONN;
+		pool->conns[i].evt.handle = conn_ready;
+		conn_start(&pool->conns[i]);
 	}
 
-	/* Given back to Kore's pool: free, idle, made. */
-	for (i = 0; i < got; i++)
-		kore_pgsql_cleanup(&held[i]);
-	kore_free(held);
+	if (ticker == NULL)
+		ticker = kore_timer_add(db_tick, DB_TICK_MS, NULL, 0);
+}
+
+/*
+ * Before the module is unloaded (a reload) or the worker stops: every
+ * connection closed, every pool forgotten. A reload runs once the worker
+ * holds no work (reload.c), so no call is in flight; a connection still
+ * draining an abandoned call is closed, and the server ends its statement
+ * (client_connection_check_interval).
+ */
+void
+db_unload(void)
+{
+	struct db_pool		*pool;
+	int			id;
+	u_int16_t		i;
+
+	if (ticker != NULL) {
+		kore_timer_remove(ticker);
+		ticker = NULL;
+	}
+
+	for (id = 0; id < DB_POOLS; id++) {
+		pool = &pools[id];
+		for (i = 0; i < pool->size; i++)
+			conn_close(&pool->conns[i]);
+		kore_free(pool->conns);
+		memset(pool, 0, sizeof(*pool));
+	}
+
+	for (i = 0; i < rotations; i++) {
+		kore_free(dsns[i]);
+		dsns[i] = NULL;
+	}
+	rotations = 0;
+}
+
+/*
+ * Why the pool cannot serve: CAUSE_NONE (0) while its last connection
+ * attempt succeeded, otherwise DB_ERROR_UNAVAILABLE or
+ * DB_ERROR_MISCONFIGURED and, in why, the cause in a few words.
+ */
+int
+db_pool_cause(int id, char *why, size_t len)
+{
+	struct db_pool		*pool = &pools[id];
+
+	if (!pool->failing)
+		return (CAUSE_NONE);
+
+	(void)kore_strlcpy(why, pool->why, len);
+
+	return (pool->cause);
 }
 
 void
 db_call_init(struct db_call *c, struct http_request *req)
 {
-	memset(c, 0, sizeof(*c));
-	c->dbname = DB_NAME;
-	c->timeout_ms = settings.db_timeout_ms;
-	kore_pgsql_init(&c->sql);
-	queue_bind(c, req);
+	db_call_init_pool(c, req, DB_POOL_REQUESTS, settings.db_timeout_ms);
 }
 
 /*
- * A health check: its own pool, so that it never queues behind requests
- * that wait for a lock, and at most a second.
+ * A call from another pool, with its own bound: /healthz (at most a second
+ * whatever the pool does, never behind requests that wait for a lock), the
+ * token lookups (never competing with paying clients for connections).
  */
 void
-db_call_init_health(struct db_call *c, struct http_request *req)
+db_call_init_pool(struct db_call *c, struct http_request *req, int pool,
+    u_int32_t timeout_ms)
 {
-	db_call_init(c, req);
-	c->dbname = DB_NAME_HEALTH;
-	if (c->timeout_ms > DB_HEALTH_TIMEOUT_MS)
+	memset(c, 0, sizeof(*c));
+	c->req = req;
+	c->pool = pool;
+	c->timeout_ms = timeout_ms;
+	if (pool == DB_POOL_HEALTH && c->timeout_ms > DB_HEALTH_TIMEOUT_MS)
 		c->timeout_ms = DB_HEALTH_TIMEOUT_MS;
 }
 
 /*
- * A call of a background job, which polls db_call_step() from a timer
- * rather than waiting for a callback: Kore 4.1 does not call back when a
- * connection is lost. A job makes one call at a time from its own pool,
- * so it is never queued for a connection.
+ * A call of a background job, which polls db_call_step() from its timer.
  */
 void
 db_call_init_job(struct db_call *c)
 {
-	memset(c, 0, sizeof(*c));
-	c->dbname = DB_NAME_JOBS;
-	c->timeout_ms = settings.db_timeout_ms;
-	kore_pgsql_init(&c->sql);
-	kore_pgsql_bind_callback(&c->sql, job_callback, NULL);
+	db_call_init_pool(c, NULL, DB_POOL_JOBS, settings.db_timeout_ms);
 }
 
+/*
+ * The call is over for its owner, whatever its phase: a statement still in
+ * flight has its answer read and dropped in the background (DRAINING), a
+ * connection handed to it and not used goes to the next waiter.
+ */
 void
 db_call_cleanup(struct db_call *c)
 {
-	call_disarm(c);
-	call_forget_failed(c);
+	struct db_pool		*pool = &pools[c->pool];
+	struct db_conn		*conn;
 
-	if (c->result != NULL) {
-		PQclear(c->result);
-		c->result = NULL;
+	if (c->phase == DB_PHASE_QUEUED && c->conn == NULL)
+		TAILQ_REMOVE(&pool->waiting, c, queue);
+
+	if ((conn = c->conn) != NULL) {
+		c->conn = NULL;
+		conn->call = NULL;
+		if (c->phase == DB_PHASE_WAIT) {
+			conn->state = CONN_DRAINING;
+			conn->deadline = c->deadline + DB_GRACE_MS;
+		} else {
+			conn_give(conn);
+		}
 	}
 
-	call_release(c);
+	if (c->result != NULL)
+		PQclear(c->result);
+	if (c->failed != NULL)
+		PQclear(c->failed);
+	kore_free(c->message);
+
+	c->result = NULL;
+	c->failed = NULL;
+	c->message = NULL;
+	c->phase = DB_PHASE_INIT;
 }
 
+/*
+ * Runs the call one step on: DB_CALL_PENDING while it waits (a request is
+ * put to sleep and woken when there is news), then DB_CALL_DONE with its
+ * result, or DB_CALL_FAILED with c->error.
+ */
 int
 db_call_step(struct db_call *c, const char *query, int nparams,
     const char **values)
 {
-	int		i, spare, lengths[DB_PARAMS_MAX], formats[DB_PARAMS_MAX];
+	struct db_pool		*pool = &pools[c->pool];
 
 	if (nparams > DB_PARAMS_MAX)
 		fatal("%s: %d parameters", __func__, nparams);
 
 	for (;;) {
 		switch (c->phase) {
-		case DB_PHASE_SETUP:
-			if (c->timed_out) {
-				kore_log(LOG_NOTICE, "no database connection "
-				    "came free within %u ms", c->timeout_ms);
-				c->error = DB_ERROR_TIMEOUT;
+		case DB_PHASE_INIT:
+			if (pool->size == 0)
+				fatal("%s: pool %d is not open", __func__,
+				    c->pool);
+			c->deadline = kore_time_ms() + c->timeout_ms;
+
+			/* A refusal that no retry can change: said at once. */
+			if (pool->failing && pool->cause ==
+			    CAUSE_MISCONFIGURED && pool_open_count(pool) == 0) {
+				c->error = DB_ERROR_MISCONFIGURED;
+				call_message(c, pool->why);
 				return (call_fail(c));
 			}
 
-			/*
-			 * Woken twice, by Kore and by queue_wake(): two
-			 * connections came free for it, it takes one.
-			 */
-			spare = c->woken && c->kore_woken;
-			c->kore_woken = 0;
-			if (c->woken)
-				queue_requeue(c);
-			queue_leave(c);
-
-			if (!kore_pgsql_setup(&c->sql, c->dbname,
-			    KORE_PGSQL_ASYNC)) {
-				/* Queued for a free connection: woken later. */
-				if (c->sql.state == KORE_PGSQL_STATE_INIT) {
-					queue_join(c);
-					if (c->timer == NULL)
-						call_arm(c, c->timeout_ms);
-					return (DB_CALL_PENDING);
-				}
-				/*
-				 * No connection could be made (the server
-				 * refuses them): the room in the pool is still
-				 * there for the next queued call, which fails
-				 * as fast or gets a connection (and the spare
-				 * room of a call woken twice, for the one after).
-				 */
-				queue_wake(c->dbname);
-				if (spare)
-					queue_wake(c->dbname);
-				return (call_fail(c));
-			}
-
-			if (spare)
-				queue_wake(c->dbname);
-
-			call_disarm(c);
-			call_check_connection(c);
-			c->notices = PQsetNoticeReceiver(c->sql.conn->db,
-			    call_notice, c);
-			call_arm(c, c->timeout_ms + DB_GRACE_MS);
-
-			for (i = 0; i < nparams; i++) {
-				lengths[i] = values[i] ? strlen(values[i]) : 0;
-				formats[i] = 0;
-			}
-
-			c->phase = DB_PHASE_WAIT;
-			if (!kore_pgsql_query_param_fields(&c->sql, query, 0,
-			    nparams, values, lengths, formats))
-				return (call_fail(c));
-			return (DB_CALL_PENDING);
-		case DB_PHASE_WAIT:
-			switch (c->sql.state) {
-			case KORE_PGSQL_STATE_WAIT:
-				if (c->timed_out) {
-					call_abort(c);
-					return (call_fail(c));
-				}
-				return (DB_CALL_PENDING);
-			case KORE_PGSQL_STATE_RESULT:
-				if (c->result == NULL) {
-					c->result = c->sql.result;
-					c->sql.result = NULL;
-				}
-				kore_pgsql_continue(&c->sql);
-				break;
-			case KORE_PGSQL_STATE_ERROR:
-				/*
-				 * Kore freed the connection (an error on its
-				 * socket): room in the pool that Kore does not
-				 * tell the queue about.
-				 */
-				if (c->sql.conn == NULL)
-					queue_wake(c->dbname);
-				if (c->sql.conn != NULL && call_conflict(c)) {
-					kore_pgsql_continue(&c->sql);
-					break;
-				}
-				return (call_fail(c));
-			case KORE_PGSQL_STATE_COMPLETE:
-				if (c->failed != NULL)
-					return (call_fail(c));
-				if (c->unconfirmed) {
-					c->error = DB_ERROR_UNCONFIRMED;
-					return (call_fail(c));
-				}
-				/*
-				 * The connection went back to the pool with no
-				 * answer to the call: what happened to it is not
-				 * known, so it is worth a retry, not a 500.
-				 */
-				if (c->result == NULL) {
-					kore_log(LOG_ERR, "%s: the call ended "
-					    "without an answer (%s)", __func__,
-					    c->sql.error != NULL ? c->sql.error :
-					    "no error");
-					metrics_db_error();
-					call_disarm(c);
-					c->error = DB_ERROR_UNAVAILABLE;
-					c->phase = DB_PHASE_FAILED;
-					return (DB_CALL_FAILED);
-				}
-				call_disarm(c);
-				c->phase = DB_PHASE_DONE;
-				return (DB_CALL_DONE);
-			case KORE_PGSQL_STATE_DONE:
-				/*
-				 * The statement's messages are all in: the
-				 * connection goes back to the pool with
-				 * libpq's own notice receiver, never with
-				 * one into this call (or this module image).
-				 */
-				call_notices_restore(c);
-				kore_pgsql_continue(&c->sql);
-				break;
-			default:
-				kore_pgsql_continue(&c->sql);
-				break;
-			}
+			call_queue(c, 0);
 			break;
+		case DB_PHASE_QUEUED:
+			if (c->conn == NULL) {
+				call_sleep(c);
+				return (DB_CALL_PENDING);
+			}
+			/* Sent, queued again, or answered: looked at again. */
+			call_send(c, query, nparams, values);
+			break;
+		case DB_PHASE_WAIT:
+			call_sleep(c);
+			return (DB_CALL_PENDING);
+		case DB_PHASE_ANSWERED:
+			return (call_settle(c));
 		case DB_PHASE_DONE:
 			return (DB_CALL_DONE);
 		case DB_PHASE_FAILED:
@@ -360,6 +386,236 @@ db_call_step(struct db_call *c, const char *query, int nparams,
 			fatal("%s: unknown phase %d", __func__, c->phase);
 		}
 	}
+}
+
+/*
+ * The call takes an idle connection, or waits for one in the pool's queue
+ * (at its head when it had one already and lost it).
+ */
+static void
+call_queue(struct db_call *c, int head)
+{
+	struct db_pool		*pool = &pools[c->pool];
+	struct db_conn		*conn;
+
+	c->phase = DB_PHASE_QUEUED;
+
+	if ((conn = TAILQ_FIRST(&pool->idle)) != NULL) {
+		TAILQ_REMOVE(&pool->idle, conn, list);
+		conn->state = CONN_BUSY;
+		conn->call = c;
+		c->conn = conn;
+		return;
+	}
+
+	if (head)
+		TAILQ_INSERT_HEAD(&pool->waiting, c, queue);
+	else
+		TAILQ_INSERT_TAIL(&pool->waiting, c, queue);
+}
+
+/*
+ * Sends the statement on the connection handed to the call. A connection
+ * found dead before anything was sent (its server restarted while it was
+ * idle, and the news arrived in this same turn of the loop) is closed and
+ * the call goes back to the head of the queue for another: the first
+ * writes after a restart do not fail for a connection that was already
+ * gone.
+ */
+static void
+call_send(struct db_call *c, const char *query, int nparams,
+    const char **values)
+{
+	struct db_conn		*conn = c->conn;
+	u_int64_t		now;
+
+	/*
+	 * Handed a connection just as its wait ran out (before db_tick()
+	 * saw it): nothing is sent, so that no statement runs for a client
+	 * that was, or is about to be, told 503.
+	 */
+	now = kore_time_ms();
+	if (now >= c->deadline) {
+		c->conn = NULL;
+		c->timed_out = 1;
+		c->error = DB_ERROR_TIMEOUT;
+		call_message(c, "no database connection came free in time");
+		call_answer(c, DB_PHASE_ANSWERED);
+		conn_give(conn);
+		return;
+	}
+
+	/*
+	 * Its client left in the same turn of the event loop that handed it
+	 * the connection: Kore frees the request only after this turn, so it
+	 * would run a statement for nobody. The connection goes on to the
+	 * next waiting call.
+	 */
+	if (c->req != NULL && (c->req->owner == NULL ||
+	    c->req->owner->state == CONN_STATE_DISCONNECTING)) {
+		c->conn = NULL;
+		c->client_gone = 1;
+		c->error = DB_ERROR_UNAVAILABLE;
+		call_message(c, "the client left before the statement was sent");
+		call_answer(c, DB_PHASE_ANSWERED);
+		conn_give(conn);
+		return;
+	}
+
+	if (conn_alive(conn) && !PQsendQueryParams(conn->pg, query, nparams,
+	    NULL, values, NULL, NULL, 0) && PQstatus(conn->pg) ==
+	    CONNECTION_OK) {
+		/* Refused before anything was sent: a bug here. */
+		c->conn = NULL;
+		call_message(c, PQerrorMessage(conn->pg));
+		c->error = DB_ERROR_QUERY;
+		call_answer(c, DB_PHASE_ANSWERED);
+		conn_give(conn);
+		return;
+	}
+
+	if (PQstatus(conn->pg) != CONNECTION_OK || !PQisBusy(conn->pg)) {
+		c->conn = NULL;
+		conn->call = NULL;
+		conn_lost(conn, "found closed before use");
+		call_queue(c, 1);
+		return;
+	}
+
+	/*
+	 * The answer is awaited as long as the server's own statement_timeout
+	 * and lock_timeout let the statement run, from now, and a grace: the
+	 * connection is closed under a statement only when the server did not
+	 * end it itself (a commit waiting for a standby, a hung server).
+	 */
+	c->deadline = now + c->timeout_ms;
+	c->phase = DB_PHASE_WAIT;
+	switch (PQflush(conn->pg)) {
+	case 0:
+		conn_watch(conn, EPOLLIN);
+		break;
+	case 1:
+		conn->flushing = 1;
+		conn_watch(conn, EPOLLIN | EPOLLOUT);
+		break;
+	default:
+		conn_read(conn);
+		break;
+	}
+}
+
+/*
+ * The answer is in (or the call was given up): the call's owner is woken
+ * to settle it.
+ */
+static void
+call_answer(struct db_call *c, int phase)
+{
+	c->phase = phase;
+	call_wake(c);
+}
+
+static void
+call_wake(struct db_call *c)
+{
+	if (c->req != NULL)
+		http_request_wakeup(c->req);
+}
+
+static void
+call_sleep(struct db_call *c)
+{
+	if (c->req != NULL)
+		http_request_sleep(c->req);
+}
+
+/*
+ * The answer read: done with its row, or failed with its class.
+ */
+static int
+call_settle(struct db_call *c)
+{
+	const char	*detail;
+
+	if (c->failed != NULL || c->error != 0) {
+		if (c->failed != NULL) {
+			detail = PQresultErrorField(c->failed,
+			    PG_DIAG_MESSAGE_DETAIL);
+			if (detail != NULL && !strcmp(detail, DB_KEY_TAKEN))
+				c->key_taken = 1;
+		}
+		return (call_fail(c));
+	}
+
+	if (c->unconfirmed) {
+		c->error = DB_ERROR_UNCONFIRMED;
+		return (call_fail(c));
+	}
+
+	/* No answer to the call: what happened to it is not known. */
+	if (c->result == NULL) {
+		c->error = DB_ERROR_UNAVAILABLE;
+		return (call_fail(c));
+	}
+
+	c->phase = DB_PHASE_DONE;
+
+	return (DB_CALL_DONE);
+}
+
+/*
+ * A failed call: its class (see db.h) from the SQLSTATE, unless the call
+ * already knows it (a deadline, a lost connection, an unconfirmed
+ * commit), and the server's own words in the log.
+ */
+static int
+call_fail(struct db_call *c)
+{
+	const char	*state, *msg;
+	size_t		len;
+
+	state = NULL;
+	if (c->failed != NULL) {
+		state = PQresultErrorField(c->failed, PG_DIAG_SQLSTATE);
+		if (c->message == NULL)
+			call_message(c, PQresultErrorMessage(c->failed));
+	}
+
+	if (state != NULL)
+		(void)kore_strlcpy(c->sqlstate, state, sizeof(c->sqlstate));
+
+	if (c->error == 0)
+		c->error = call_classify(state);
+
+	msg = c->message;
+	if (msg == NULL || *msg == '\0')
+		msg = "the connection was lost, libpq gave no reason";
+	len = strlen(msg);
+	while (len > 0 && (msg[len - 1] == '\n' || msg[len - 1] == ' '))
+		len--;
+
+	/*
+	 * A duplicate that found its key committed by a concurrent first
+	 * attempt is rolled back as expected, and its caller replays: not a
+	 * database error.
+	 */
+	if (!c->key_taken && !c->client_gone) {
+		kore_log(c->error == DB_ERROR_MISCONFIGURED ? LOG_ERR :
+		    LOG_NOTICE, "database call failed (%s): %.*s",
+		    c->timed_out ? "timeout" : state != NULL ? state :
+		    c->error == DB_ERROR_UNCONFIRMED ? "unconfirmed" :
+		    "no sqlstate", (int)len, msg);
+		metrics_db_error();
+	}
+
+	if (c->result != NULL) {
+		PQclear(c->result);
+		c->result = NULL;
+	}
+
+	c->phase = DB_PHASE_FAILED;
+
+	return (DB_CALL_FAILED);
 }
 
 /*
@@ -410,6 +666,27 @@ db_call_field_length(struct db_call *c, const char *name)
 	    PQfnumber(c->result, name) : -1));
 }
 
+int
+db_call_rows(struct db_call *c)
+{
+	return (c->result == NULL ? 0 : PQntuples(c->result));
+}
+
+/*
+ * The cause of a DB_ERROR_MISCONFIGURED call, in a few words.
+ */
+const char *
+db_call_cause(struct db_call *c)
+{
+	if (c->error != DB_ERROR_MISCONFIGURED)
+		return (NULL);
+
+	if (c->sqlstate[0] != '\0')
+		return ("schema not migrated");
+
+	return (c->message != NULL ? c->message : "unknown");
+}
+
 static int
 call_has(struct db_call *c, int col)
 {
@@ -423,205 +700,20 @@ call_has(struct db_call *c, int col)
 	return (0);
 }
 
-int
-db_call_rows(struct db_call *c)
-{
-	return (c->result == NULL ? 0 : PQntuples(c->result));
-}
-
-/*
- * A failed call: its class (see db.h) from the SQLSTATE, unless the call
- * already knows it (a deadline, an unconfirmed commit), and libpq's own
- * words in the log.
- */
-static int
-call_fail(struct db_call *c)
-{
-	const PGresult	*res;
-	const char	*state, *detail, *msg;
-	size_t		len;
-
-	res = c->failed != NULL ? c->failed : c->sql.result;
-	state = detail = NULL;
-	if (res != NULL) {
-		state = PQresultErrorField(res, PG_DIAG_SQLSTATE);
-		detail = PQresultErrorField(res, PG_DIAG_MESSAGE_DETAIL);
-	}
-
-	if (state != NULL)
-		(void)kore_strlcpy(c->sqlstate, state, sizeof(c->sqlstate));
-
-	if (c->error == 0)
-		c->error = call_classify(state);
-
-	msg = c->failed != NULL ? c->failed_msg : c->sql.error;
-	if ((msg == NULL || *msg == '\0') && c->sql.conn != NULL)
-		msg = PQerrorMessage(c->sql.conn->db);
-	if (msg == NULL || *msg == '\0')
-		msg = "the connection was lost, libpq gave no reason";
-	len = strlen(msg);
-	while (len > 0 && (msg[len - 1] == '\n' || msg[len - 1] == ' '))
-		len--;
-
-	/*
-	 * A duplicate that found its key committed by a concurrent first
-	 * attempt (tx_execute() says so in the detail) is rolled back as
-	 * expected, and its caller replays: not a database error.
-	 */
-	if (c->error != DB_ERROR_CONFLICT || detail == NULL ||
-	    strcmp(detail, DB_KEY_TAKEN)) {
-		kore_log(LOG_NOTICE, "database call failed (%s): %.*s",
-		    c->timed_out ? "timeout" : state != NULL ?
-		    state : c->error == DB_ERROR_UNCONFIRMED ? "unconfirmed" :
-		    "no sqlstate", (int)len, msg);
-		metrics_db_error();
-	} else {
-		c->key_taken = 1;
-	}
-
-	call_forget_failed(c);
-	call_disarm(c);
-
-	if (c->result != NULL) {
-		PQclear(c->result);
-		c->result = NULL;
-	}
-
-	if (c->error == DB_ERROR_READ_ONLY)
-		call_drop_connection(c);
-
-	call_release(c);
-	c->phase = DB_PHASE_FAILED;
-
-	return (DB_CALL_FAILED);
-}
-
-/*
- * A statement rolled back by a deadlock or a serialization failure (its
- * caller may run it again) is kept, and the rest of its answer read, up to
- * the server's ReadyForQuery: then Kore takes the connection back idle.
- * Released in its error state, Kore would first send a cancel for it, a
- * blocking connection to the server for a statement already over.
- */
-static int
-call_conflict(struct db_call *c)
-{
-	const char	*state;
-
-	if (c->failed != NULL || c->sql.result == NULL)
-		return (0);
-
-	state = PQresultErrorField(c->sql.result, PG_DIAG_SQLSTATE);
-	if (state == NULL || call_classify(state) != DB_ERROR_CONFLICT)
-		return (0);
-
-	c->failed = c->sql.result;
-	c->sql.result = NULL;
-	c->failed_msg = kore_strdup(c->sql.error != NULL ? c->sql.error : "");
-
-	return (1);
-}
-
 static void
-call_forget_failed(struct db_call *c)
+call_message(struct db_call *c, const char *msg)
 {
-	if (c->failed != NULL) {
-		PQclear(c->failed);
-		c->failed = NULL;
-	}
-
-	kore_free(c->failed_msg);
-	c->failed_msg = NULL;
+	kore_free(c->message);
+	c->message = kore_strdup(msg != NULL ? msg : "");
 }
 
 /*
- * Gives the connection back to Kore's pool. When libpq has already closed
- * the socket of a lost connection, Kore would ask epoll to forget fd -1 and
- * die of the error (and try to cancel the query on it); closing the socket
- * already took it out of epoll, so tell Kore the query is not scheduled.
- *
- * A call given up after it was woken for a connection that came free and
- * before it ran (its client left in the same turn of the event loop, or
- * its deadline passed just before): that connection would stay unused
- * while the rest of the queue sleeps on, as Kore wakes nobody else for it.
- * The next queued call is woken in its place, once for each wake it had.
- * (Kore's queue is one for every pool: a connection of another pool given
- * back may have woken it, and the call woken in its place then finds no
- * room and queues again, at the end.)
- */
-static void
-call_release(struct db_call *c)
-{
-	int		wakes;
-
-	wakes = c->woken + c->kore_woken;
-	c->woken = 0;
-	c->kore_woken = 0;
-
-	queue_leave(c);
-	call_notices_restore(c);
-
-	if (c->sql.conn != NULL && PQsocket(c->sql.conn->db) < 0)
-		c->sql.flags &= ~KORE_PGSQL_SCHEDULED;
-
-	kore_pgsql_cleanup(&c->sql);
-
-	while (wakes-- > 0)
-		queue_wake(c->dbname);
-}
-
-/*
- * Kore returns a connection whose backend died to its pool, where every
- * later query on it would fail. Reading what the server sent to the idle
- * connection (libpq's socket does not block) notices a backend that was
- * terminated or restarted; such a connection is reconnected before use.
- */
-static void
-call_check_connection(struct db_call *c)
-{
-	PGconn		*conn;
-
-	conn = c->sql.conn->db;
-	if (PQstatus(conn) == CONNECTION_OK && PQconsumeInput(conn) &&
-	    PQstatus(conn) == CONNECTION_OK)
-		return;
-
-	kore_log(LOG_NOTICE, "reconnecting a broken database connection");
-	PQreset(conn);
-}
-
-/*
- * A connection to a node that no longer takes writes (a primary demoted
- * without a restart, a standby) would refuse every write for as long as it
- * stays in Kore's pool. Its socket is shut down, so that the check above
- * makes it again before its next use: libpq then tries every host of the
- * connection string and keeps the one that takes writes
- * (target_session_attrs=read-write).
- */
-static void
-call_drop_connection(struct db_call *c)
-{
-	if (c->sql.conn == NULL)
-		return;
-
-	kore_log(LOG_NOTICE, "the database refused a write: dropping the "
-	    "connection to find the primary again");
-
-	call_shutdown(c);
-}
-
-static void
-job_callback(struct kore_pgsql *sql, void *arg)
-{
-	/* Jobs poll the state of their call; nothing to do here. */
-}
-
-/*
- * Which failures are worth a retry: no SQLSTATE (a refused connection, a
- * dead backend, a full pool), the connection, resource and shutdown
- * classes, a statement or lock wait cancelled by the session's timeouts,
- * a serialization failure or deadlock (the transaction was rolled back),
- * and a write that reached a node that is no longer the primary.
+ * Which failures are worth a retry: no SQLSTATE (a lost connection), the
+ * connection, resource and shutdown classes, a statement or lock wait
+ * cancelled by the session's timeouts, a serialization failure or deadlock
+ * (the transaction was rolled back), and a write that reached a node that
+ * is no longer the primary. A function or table that is not there is a
+ * schema never migrated: no retry helps.
  */
 static int
 call_classify(const char *state)
@@ -640,90 +732,408 @@ call_classify(const char *state)
 	if (!strcmp(state, "25006"))
 		return (DB_ERROR_READ_ONLY);
 
+	if (!strcmp(state, "42883") || !strcmp(state, "42P01") ||
+	    !strcmp(state, "3F000"))
+		return (DB_ERROR_MISCONFIGURED);
+
 	return (DB_ERROR_QUERY);
 }
 
+/*
+ * Starts making the connection; its socket is watched from here on.
+ */
 static void
-call_arm(struct db_call *c, u_int32_t ms)
+conn_start(struct db_conn *conn)
 {
-	call_disarm(c);
-	c->timer = kore_timer_add(call_deadline, ms, c, KORE_TIMER_ONESHOT);
+	struct db_pool		*pool = conn->pool;
+	static const char	*keywords[] = { "dbname", NULL };
+	const char		*values[2];
+
+	values[0] = dsns[pool->rotation % rotations];
+	values[1] = NULL;
+
+	conn->state = CONN_CONNECTING;
+	conn->events = 0;
+	conn->flushing = 0;
+	conn->deadline = kore_time_ms() + connect_timeout_ms;
+
+	if ((conn->pg = PQconnectStartParams(keywords, values, 1)) == NULL)
+		fatal("%s: out of memory", __func__);
+
+	if (PQstatus(conn->pg) == CONNECTION_BAD) {
+		conn_connect_failed(conn, PQerrorMessage(conn->pg));
+		return;
+	}
+
+	conn_watch(conn, EPOLLOUT);
+}
+
+/*
+ * Kore's event loop: the connection's socket is ready.
+ */
+static void
+conn_ready(void *arg, int error)
+{
+	struct db_conn		*conn = arg;
+	int			flags;
+
+	flags = conn->evt.flags;
+	conn->evt.flags = 0;
+
+	switch (conn->state) {
+	case CONN_CONNECTING:
+		conn_connect_poll(conn);
+		break;
+	case CONN_IDLE:
+		if (!conn_alive(conn))
+			conn_lost(conn, "closed by the server while idle");
+		break;
+	case CONN_BUSY:
+	case CONN_DRAINING:
+		if (conn->flushing && (flags & KORE_EVENT_WRITE)) {
+			switch (PQflush(conn->pg)) {
+			case 0:
+				conn->flushing = 0;
+				conn_watch(conn, EPOLLIN);
+				break;
+			case 1:
+				break;
+			default:
+				/* Broken: conn_read() finds out. */
+				conn->flushing = 0;
+				flags |= KORE_EVENT_READ;
+				break;
+			}
+		}
+		if ((flags & KORE_EVENT_READ) || error)
+			conn_read(conn);
+		break;
+	default:
+		/* Closed earlier in this batch of events. */
+		break;
+	}
 }
 
 static void
-call_disarm(struct db_call *c)
+conn_connect_poll(struct db_conn *conn)
 {
-	if (c->timer != NULL) {
-		kore_timer_remove(c->timer);
-		c->timer = NULL;
+	struct db_pool		*pool = conn->pool;
+	PostgresPollingStatusType	st;
+
+	st = PQconnectPoll(conn->pg);
+	switch (st) {
+	case PGRES_POLLING_READING:
+		/* libpq may have moved on to another host's socket. */
+		conn->events = 0;
+		conn_watch(conn, EPOLLIN);
+		break;
+	case PGRES_POLLING_WRITING:
+		conn->events = 0;
+		conn_watch(conn, EPOLLOUT);
+		break;
+	case PGRES_POLLING_OK:
+		if (PQsetnonblocking(conn->pg, 1) == -1) {
+			conn_connect_failed(conn, PQerrorMessage(conn->pg));
+			break;
+		}
+		(void)PQsetNoticeReceiver(conn->pg, conn_notice, conn);
+		if (pool->failing) {
+			kore_log(LOG_NOTICE, "pool %s: the database accepts "
+			    "connections again", pool->name);
+		}
+		pool->failing = 0;
+		pool->cause = CAUSE_NONE;
+		pool->why[0] = '\0';
+		conn->events = 0;
+		conn_watch(conn, EPOLLIN);
+		conn_give(conn);
+		break;
+	default:
+		conn_connect_failed(conn, PQerrorMessage(conn->pg));
+		break;
 	}
 }
 
 /*
- * The deadline passed: the request is woken to give up (a job sees it on
- * its next poll).
+ * An attempt to connect failed: the pool remembers why (a refusal no retry
+ * changes, or an unreachable server), tries again later, and fails its
+ * waiting calls at once when it has no connection left to serve them.
  */
 static void
-call_deadline(void *arg, u_int64_t now)
+conn_connect_failed(struct db_conn *conn, const char *msg)
 {
-	struct db_call		*c = arg;
+	struct db_pool		*pool = conn->pool;
+	char			why[DB_CAUSE_MAX];
+	int			cause;
 
-	/* Kore frees a one-shot timer after this callback. */
-	c->timer = NULL;
+	cause = cause_classify(msg, why, sizeof(why));
 
-#if !defined(KORE_NO_HTTP)
-	/*
-	 * Queued for a connection, and already woken by Kore's pgsql layer,
-	 * which wakes one waiter per connection that comes free: this request
-	 * takes that connection. Giving up now would leave it unused while
-	 * the rest of the queue sleeps on.
-	 */
-	if (c->phase == DB_PHASE_SETUP && c->sql.req != NULL &&
-	    !(c->sql.req->flags & HTTP_REQUEST_SLEEPING))
+	if (!pool->failing || pool->cause != cause ||
+	    strcmp(pool->why, why))
+		pool->logged_at = 0;
+
+	pool->failing = 1;
+	pool->cause = cause;
+	(void)kore_strlcpy(pool->why, why, sizeof(pool->why));
+	pool->retry_at = kore_time_ms() + DB_RETRY_MS;
+
+	/* The next attempt starts with the next host of a multi-host URL. */
+	pool->rotation++;
+
+	/* msg may be libpq's, freed with the connection. */
+	pool_log(pool, why, msg);
+	conn_close(conn);
+
+	if (pool_open_count(pool) == 0)
+		pool_fail_waiters(pool);
+}
+
+/*
+ * The server's refusals no retry changes, in its own words (matched in
+ * English, lc_messages' default: the server speaks before the session's
+ * settings apply).
+ */
+static int
+cause_classify(const char *msg, char *why, size_t len)
+{
+	if (strstr(msg, "database \"") != NULL &&
+	    strstr(msg, "does not exist") != NULL) {
+		(void)kore_strlcpy(why, "no such database", len);
+		return (CAUSE_MISCONFIGURED);
+	}
+
+	if (strstr(msg, "authentication failed") != NULL ||
+	    strstr(msg, "no pg_hba.conf entry") != NULL ||
+	    (strstr(msg, "role \"") != NULL &&
+	    strstr(msg, "does not exist") != NULL) ||
+	    strstr(msg, "password") != NULL) {
+		(void)kore_strlcpy(why, "authentication failed", len);
+		return (CAUSE_MISCONFIGURED);
+	}
+
+	(void)kore_strlcpy(why, "unreachable", len);
+
+	return (CAUSE_UNREACHABLE);
+}
+
+static void
+pool_log(struct db_pool *pool, const char *why, const char *msg)
+{
+	u_int64_t	now;
+	size_t		len;
+
+	now = kore_time_ms();
+	if (pool->logged_at != 0 && now - pool->logged_at < DB_LOG_INTERVAL_MS)
 		return;
-#endif
+	pool->logged_at = now;
 
-	c->timed_out = 1;
+	/* libpq's message on one line. */
+	len = strlen(msg);
+	while (len > 0 && (msg[len - 1] == '\n' || msg[len - 1] == ' '))
+		len--;
 
-#if !defined(KORE_NO_HTTP)
-	if (c->sql.req != NULL)
-		http_request_wakeup(c->sql.req);
-#endif
+	kore_log(pool->cause == CAUSE_MISCONFIGURED ? LOG_ERR : LOG_NOTICE,
+	    "pool %s: cannot connect to the database (%s): %.*s",
+	    pool->name, why, (int)len, msg);
 }
 
 /*
- * No answer in time: the connection is closed under the query, without
- * Kore's blocking cancel (which would hang the worker on a server that no
- * longer answers). The server notices on its own or with its timeouts;
- * the pooled connection is reconnected before its next use.
+ * Its connections that are made or being made.
  */
-static void
-call_abort(struct db_call *c)
+static int
+pool_open_count(struct db_pool *pool)
 {
-	kore_log(LOG_NOTICE, "no answer from the database within %u ms; "
-	    "closing the connection", c->timeout_ms + DB_GRACE_MS);
+	u_int16_t	i;
+	int		n;
 
-	c->error = DB_ERROR_TIMEOUT;
-	call_shutdown(c);
+	n = 0;
+	for (i = 0; i < pool->size; i++) {
+		if (pool->conns[i].state != CONN_CLOSED)
+			n++;
+	}
+
+	return (n);
+}
+
+static void
+pool_fail_waiters(struct db_pool *pool)
+{
+	struct db_call		*c;
+
+	while ((c = TAILQ_FIRST(&pool->waiting)) != NULL) {
+		TAILQ_REMOVE(&pool->waiting, c, queue);
+		c->error = pool->cause == CAUSE_MISCONFIGURED ?
+		    DB_ERROR_MISCONFIGURED : DB_ERROR_UNAVAILABLE;
+		call_message(c, pool->why);
+		call_answer(c, DB_PHASE_ANSWERED);
+	}
 }
 
 /*
- * Shuts the socket of the call's connection down under Kore: whatever is
- * in flight on it fails, and the connection is made again before its next
- * use (call_check_connection()).
+ * Watches the connection's socket for these events (level-triggered).
+ * libpq may give a connection another socket while it connects; events
+ * is then reset first, and Kore adds the new one.
  */
 static void
-call_shutdown(struct db_call *c)
+conn_watch(struct db_conn *conn, int events)
 {
 	int		fd;
 
-	fd = PQsocket(c->sql.conn->db);
-	if (fd >= 0) {
-		if (c->sql.flags & KORE_PGSQL_SCHEDULED)
-			kore_platform_disable_read(fd);
-		(void)shutdown(fd, SHUT_RDWR);
+	events |= EPOLLRDHUP;
+	if (conn->events == events)
+		return;
+
+	if ((fd = PQsocket(conn->pg)) < 0)
+		fatal("%s: connection without a socket", __func__);
+
+	kore_platform_event_schedule(fd, events, 0, conn);
+	conn->events = events;
+}
+
+/*
+ * A made connection comes free: to the oldest waiting call, or idle.
+ */
+static void
+conn_give(struct db_conn *conn)
+{
+	struct db_pool		*pool = conn->pool;
+	struct db_call		*c;
+
+	conn->call = NULL;
+	conn->flushing = 0;
+
+	if ((c = TAILQ_FIRST(&pool->waiting)) != NULL) {
+		TAILQ_REMOVE(&pool->waiting, c, queue);
+		conn->state = CONN_BUSY;
+		conn->call = c;
+		c->conn = conn;
+		call_wake(c);
+		return;
 	}
-	c->sql.flags &= ~KORE_PGSQL_SCHEDULED;
+
+	conn->state = CONN_IDLE;
+	TAILQ_INSERT_TAIL(&pool->idle, conn, list);
+}
+
+/*
+ * Closes the connection, whatever it was doing: PQfinish() in
+ * non-blocking mode, whose close() also takes the socket out of epoll.
+ * db_tick() makes it again.
+ */
+static void
+conn_close(struct db_conn *conn)
+{
+	if (conn->state == CONN_IDLE)
+		TAILQ_REMOVE(&conn->pool->idle, conn, list);
+
+	if (conn->pg != NULL) {
+		PQfinish(conn->pg);
+		conn->pg = NULL;
+	}
+
+	conn->state = CONN_CLOSED;
+	conn->events = 0;
+	conn->flushing = 0;
+	conn->call = NULL;
+	conn->evt.flags = 0;
+}
+
+/*
+ * Reads what the server sent an idle connection, without waiting: a
+ * connection the server closed (a restart, a failover, a terminated
+ * backend) is found here.
+ */
+static int
+conn_alive(struct db_conn *conn)
+{
+	if (PQstatus(conn->pg) != CONNECTION_OK || !PQconsumeInput(conn->pg))
+		return (0);
+
+	return (PQstatus(conn->pg) == CONNECTION_OK &&
+	    PQtransactionStatus(conn->pg) == PQTRANS_IDLE);
+}
+
+/*
+ * A connection that was made is gone: made again by db_tick().
+ */
+static void
+conn_lost(struct db_conn *conn, const char *how)
+{
+	struct db_pool		*pool = conn->pool;
+
+	kore_log(LOG_NOTICE, "pool %s: a database connection was %s; making "
+	    "it again", pool->name, how);
+	conn_close(conn);
+}
+
+/*
+ * Reads the statement's answer as far as it has come: its first row set
+ * (or error) is kept in the call, the rest dropped; ReadyForQuery ends the
+ * call and the connection comes free. A connection that broke on the way
+ * ends its call as unavailable (a commit's outcome is then unknown: the
+ * client's retry with the same key settles it).
+ */
+static void
+conn_read(struct db_conn *conn)
+{
+	struct db_call		*c;
+	PGresult		*res;
+	ExecStatusType		st;
+	const char		*state;
+	int			read_only;
+
+	if (!PQconsumeInput(conn->pg) || PQstatus(conn->pg) != CONNECTION_OK) {
+		if ((c = conn->call) != NULL) {
+			c->conn = NULL;
+			call_message(c, PQerrorMessage(conn->pg));
+			if (c->error == 0)
+				c->error = DB_ERROR_UNAVAILABLE;
+			call_answer(c, DB_PHASE_ANSWERED);
+		}
+		conn_lost(conn, "lost during a statement");
+		return;
+	}
+
+	while (!PQisBusy(conn->pg)) {
+		if ((res = PQgetResult(conn->pg)) == NULL) {
+			read_only = 0;
+			if ((c = conn->call) != NULL) {
+				c->conn = NULL;
+				read_only = c->failed != NULL &&
+				    (state = PQresultErrorField(c->failed,
+				    PG_DIAG_SQLSTATE)) != NULL &&
+				    !strcmp(state, "25006");
+				call_answer(c, DB_PHASE_ANSWERED);
+			}
+			/*
+			 * A node that no longer takes writes (a primary
+			 * demoted without a restart, a standby) would refuse
+			 * every write on this connection: it is made again,
+			 * and libpq finds the host that takes writes
+			 * (target_session_attrs=read-write).
+			 */
+			if (read_only)
+				conn_lost(conn, "refused a write (read-only)");
+			else
+				conn_give(conn);
+			return;
+		}
+
+		c = conn->call;
+		st = PQresultStatus(res);
+		if (c == NULL) {
+			PQclear(res);
+		} else if (st == PGRES_TUPLES_OK || st == PGRES_COMMAND_OK) {
+			if (c->result == NULL && c->failed == NULL)
+				c->result = res;
+			else
+				PQclear(res);
+		} else if (c->failed == NULL) {
+			c->failed = res;
+		} else {
+			PQclear(res);
+		}
+	}
 }
 
 /*
@@ -734,41 +1144,144 @@ call_shutdown(struct db_call *c)
  * messages are matched in English, its default (lc_messages).
  */
 static void
-call_notice(void *arg, const PGresult *res)
+conn_notice(void *arg, const PGresult *res)
 {
-	struct db_call		*c = arg;
+	struct db_conn		*conn = arg;
 	const char		*msg, *detail;
+
+	if (conn->call == NULL)
+		return;
 
 	msg = PQresultErrorField(res, PG_DIAG_MESSAGE_PRIMARY);
 	detail = PQresultErrorField(res, PG_DIAG_MESSAGE_DETAIL);
 
 	if ((msg != NULL && strstr(msg, "synchronous replication") != NULL) ||
 	    (detail != NULL && strstr(detail, "committed locally") != NULL)) {
-		c->unconfirmed = 1;
+		conn->call->unconfirmed = 1;
 		kore_log(LOG_NOTICE, "the commit was not confirmed by the "
 		    "standby: %s", msg != NULL ? msg : detail);
 	}
 }
 
 /*
- * The connection string with the session settings the design needs, on
- * every connection whatever the server's or the role's defaults: the
- * bounds of IDEM_DB_TIMEOUT_MS, READ COMMITTED, under which a write that
- * waited for a row lock (an upsert of a busy account, a FOR UPDATE) goes on
- * with the row's latest version (under REPEATABLE READ each such wait
- * would end in a serialization failure, and a busy account in 503s), and
- * idem.public_url, the base of the
- * type URLs of the problems the SQL saves (idem_problem()), so that they
- * are the C's (problem.c). Settings the operator gave in "options" come
- * first; these win.
+ * Every DB_TICK_MS: calls past their deadline give up, overdue connection
+ * attempts and drains are closed, and closed connections are made again.
  */
-static char *
-session_dsn(const char *url)
+static void
+db_tick(void *arg, u_int64_t unused)
+{
+	struct db_pool		*pool;
+	struct db_conn		*conn;
+	struct db_call		*c, *next;
+	u_int64_t		now;
+	int			id, connecting;
+	u_int16_t		i;
+
+	now = kore_time_ms();
+
+	for (id = 0; id < DB_POOLS; id++) {
+		pool = &pools[id];
+
+		for (c = TAILQ_FIRST(&pool->waiting); c != NULL; c = next) {
+			next = TAILQ_NEXT(c, queue);
+			if (now < c->deadline)
+				continue;
+			TAILQ_REMOVE(&pool->waiting, c, queue);
+			c->timed_out = 1;
+			c->error = DB_ERROR_TIMEOUT;
+			call_message(c, "no database connection came free in "
+			    "time");
+			call_answer(c, DB_PHASE_ANSWERED);
+		}
+
+		connecting = 0;
+		for (i = 0; i < pool->size; i++) {
+			conn = &pool->conns[i];
+			switch (conn->state) {
+			case CONN_CONNECTING:
+				if (now >= conn->deadline) {
+					conn_connect_failed(conn, "the server "
+					    "did not answer the connection in "
+					    "time");
+				} else {
+					connecting++;
+				}
+				break;
+			case CONN_BUSY:
+				c = conn->call;
+				if (c == NULL || c->phase != DB_PHASE_WAIT ||
+				    now < c->deadline + DB_GRACE_MS)
+					break;
+				/*
+				 * No answer in time: the connection is closed
+				 * under the statement. The server notices
+				 * (client_connection_check_interval) or its
+				 * own timeouts end it.
+				 */
+				c->conn = NULL;
+				c->timed_out = 1;
+				c->error = DB_ERROR_TIMEOUT;
+				call_message(c, "no answer from the database "
+				    "in time; connection closed");
+				call_answer(c, DB_PHASE_ANSWERED);
+				conn_lost(conn, "closed with no answer in time");
+				break;
+			case CONN_DRAINING:
+				if (now >= conn->deadline)
+					conn_lost(conn, "closed while draining");
+				break;
+			default:
+				break;
+			}
+		}
+
+		for (i = 0; i < pool->size; i++) {
+			conn = &pool->conns[i];
+			if (conn->state != CONN_CLOSED)
+				continue;
+			/* While refused: one attempt at a time, spaced. */
+			if (pool->failing &&
+			    (connecting > 0 || now < pool->retry_at))
+				break;
+			conn_start(conn);
+			if (conn->state == CONN_CONNECTING)
+				connecting++;
+		}
+	}
+}
+
+/*
+ * The connection strings, with the session settings the design needs, on
+ * every connection whatever the server's or the role's defaults:
+ * - the bounds of IDEM_DB_TIMEOUT_MS on statements, lock waits and idle
+ *   transactions;
+ * - READ COMMITTED, under which a write that waited for a row lock (an
+ *   upsert of a busy account, a FOR UPDATE) goes on with the row's latest
+ *   version (under REPEATABLE READ each such wait would end in a
+ *   serialization failure, and a busy account in 503s);
+ * - synchronous_commit on, so that a commit waits for the synchronous
+ *   standby whenever one is named (a role's default of "local" would
+ *   acknowledge what a failover loses);
+ * - client_connection_check_interval, so that a backend whose client
+ *   closed the connection (a call given up) stops its statement;
+ * - idem.public_url, the base of the type URLs of the problems the SQL
+ *   saves (idem_problem()), so that they are the C's (problem.c).
+ * Settings the operator gave in "options" come first; these win.
+ *
+ * A URL that names several hosts (make cluster's, with
+ * target_session_attrs=read-write) gets one string per host, each with
+ * the host list starting one further: a connection attempt that times out
+ * on a host that does not answer (libpq moves on only when a host
+ * refuses) starts the next attempt with the next host.
+ */
+static void
+dsn_build(const char *url)
 {
 	PQconninfoOption	*opts, *o;
-	struct kore_buf		buf;
-	char			*err, settings_opts[512], *dsn;
-	const char		*user;
+	char			*err;
+	const char		*hosts;
+	u_int32_t		n, i;
+	long			t;
 
 	err = NULL;
 	if ((opts = PQconninfoParse(url, &err)) == NULL) {
@@ -776,10 +1289,52 @@ session_dsn(const char *url)
 		    err != NULL ? err : "out of memory");
 	}
 
+	hosts = NULL;
+	for (o = opts; o->keyword != NULL; o++) {
+		if (o->val == NULL || *o->val == '\0')
+			continue;
+		if (!strcmp(o->keyword, "host"))
+			hosts = o->val;
+		if (!strcmp(o->keyword, "connect_timeout")) {
+			t = strtol(o->val, NULL, 10);
+			/* libpq's own floor: 2 s. */
+			if (t > 0)
+				connect_timeout_ms = (u_int32_t)(t < 2 ? 2 : t)
+				    * 1000;
+		}
+	}
+
+	n = 1;
+	if (hosts != NULL) {
+		for (; *hosts != '\0'; hosts++) {
+			if (*hosts == ',')
+				n++;
+		}
+	}
+	if (n > DB_ROTATIONS_MAX)
+		n = DB_ROTATIONS_MAX;
+
+	for (i = 0; i < n; i++)
+		dsns[i] = dsn_rotated(opts, i, url);
+	rotations = n;
+
+	PQconninfoFree(opts);
+}
+
+static char *
+dsn_rotated(PQconninfoOption *opts, u_int32_t k, const char *url)
+{
+	PQconninfoOption	*o;
+	struct kore_buf		buf, list;
+	char			settings_opts[512], *dsn;
+	const char		*user;
+
 	(void)snprintf(settings_opts, sizeof(settings_opts),
 	    "-c statement_timeout=%u -c lock_timeout=%u "
 	    "-c idle_in_transaction_session_timeout=%u "
 	    "-c default_transaction_isolation=read\\ committed "
+	    "-c synchronous_commit=on "
+	    "-c client_connection_check_interval=1000 "
 	    "-c idem.public_url=",
 	    settings.db_timeout_ms, settings.db_timeout_ms,
 	    settings.db_timeout_ms);
@@ -793,25 +1348,62 @@ session_dsn(const char *url)
 			user = o->val;
 			continue;
 		}
+		if (k > 0 && (!strcmp(o->keyword, "host") ||
+		    !strcmp(o->keyword, "hostaddr") ||
+		    !strcmp(o->keyword, "port")) && strchr(o->val, ',')) {
+			kore_buf_init(&list, 64);
+			list_rotated(&list, o->val, k);
+			dsn_append(&buf, o->keyword,
+			    kore_buf_stringify(&list, NULL));
+			kore_buf_cleanup(&list);
+			continue;
+		}
 		dsn_append(&buf, o->keyword, o->val);
 	}
 
+	kore_buf_appendf(&buf, "options='");
 	if (user != NULL) {
-		kore_buf_appendf(&buf, "options='");
 		dsn_append(&buf, NULL, user);
 		kore_buf_appendf(&buf, " ");
-	} else {
-		kore_buf_appendf(&buf, "options='");
 	}
 	dsn_append(&buf, NULL, settings_opts);
 	options_append(&buf, settings.public_url);
 	kore_buf_appendf(&buf, "'");
 
-	PQconninfoFree(opts);
 	dsn = kore_strdup(kore_buf_stringify(&buf, NULL));
 	kore_buf_cleanup(&buf);
 
 	return (dsn);
+}
+
+/*
+ * A comma-separated list starting at its k-th element, wrapping around.
+ */
+static void
+list_rotated(struct kore_buf *out, const char *value, u_int32_t k)
+{
+	const char	*start[DB_ROTATIONS_MAX], *p;
+	size_t		len[DB_ROTATIONS_MAX];
+	u_int32_t	n, i, j;
+
+	n = 0;
+	start[0] = value;
+	for (p = value; n < DB_ROTATIONS_MAX; p++) {
+		if (*p == ',' || *p == '\0') {
+			len[n] = (size_t)(p - start[n]);
+			n++;
+			if (*p == '\0' || n == DB_ROTATIONS_MAX)
+				break;
+			start[n] = p + 1;
+		}
+	}
+
+	for (i = 0; i < n; i++) {
+		j = (i + k) % n;
+		if (i > 0)
+			kore_buf_append(out, ",", 1);
+		kore_buf_append(out, start[j], len[j]);
+	}
 }
 
 /*
@@ -856,103 +1448,4 @@ dsn_append(struct kore_buf *buf, const char *keyword, const char *value)
 
 	if (keyword != NULL)
 		kore_buf_append(buf, "' ", 2);
-}
-
-static void
-call_notices_restore(struct db_call *c)
-{
-	if (c->sql.conn != NULL && c->notices != NULL)
-		(void)PQsetNoticeReceiver(c->sql.conn->db, c->notices, NULL);
-	c->notices = NULL;
-}
-
-static void
-queue_join(struct db_call *c)
-{
-	if (c->queued)
-		return;
-
-	TAILQ_INSERT_TAIL(&queued, c, queue);
-	c->queued = 1;
-}
-
-static void
-queue_leave(struct db_call *c)
-{
-	if (!c->queued)
-		return;
-
-	TAILQ_REMOVE(&queued, c, queue);
-	c->queued = 0;
-}
-
-/*
- * Room in a pool that Kore wakes nobody for: the oldest request queued
- * for that pool that still sleeps (one that Kore has woken already takes
- * the connection it was woken for) is woken to try again.
- */
-static void
-queue_wake(const char *dbname)
-{
-#if !defined(KORE_NO_HTTP)
-	struct db_call		*q;
-
-	TAILQ_FOREACH(q, &queued, queue) {
-		/* cppcheck-suppress uninitvar */
-		if (strcmp(q->dbname, dbname) || q->sql.req == NULL ||
-		    !(q->sql.req->flags & HTTP_REQUEST_SLEEPING))
-			continue;
-
-		queue_leave(q);
-		q->woken = 1;
-		http_request_wakeup(q->sql.req);
-		return;
-	}
-#endif
-}
-
-/*
- * A call woken by queue_wake() is still in Kore's queue, where Kore would
- * later wake it for a connection it no longer waits for: it leaves that
- * queue (kore_pgsql_cleanup() takes it out, and it holds nothing else)
- * before it tries again, and joins it anew if the pool is still full.
- */
-static void
-queue_requeue(struct db_call *c)
-{
-#if !defined(KORE_NO_HTTP)
-	struct http_request	*req = c->sql.req;
-
-	kore_pgsql_cleanup(&c->sql);
-	kore_pgsql_init(&c->sql);
-	queue_bind(c, req);
-#endif
-	c->woken = 0;
-}
-
-/*
- * A request's call, with a callback that tells when Kore wakes it from its
- * queue: Kore 4.1 calls it there (not when it drops a call whose request
- * is being freed), and after each event of the call's connection, which
- * this callback ignores: only a woken queued call has no connection and
- * nothing sent yet. Set beside the request, where kore_pgsql_bind_callback()
- * would refuse it.
- */
-static void
-queue_bind(struct db_call *c, struct http_request *req)
-{
-	kore_pgsql_bind_request(&c->sql, req);
-	c->sql.cb = queue_woken;
-	c->sql.arg = c;
-}
-
-static void
-queue_woken(struct kore_pgsql *sql, void *arg)
-{
-	struct db_call		*c = arg;
-
-	/* Queued, or woken by queue_wake() and still in Kore's queue. */
-	if ((c->queued || c->woken) && sql->conn == NULL &&
-	    sql->state == KORE_PGSQL_STATE_INIT)
-		c->kore_woken = 1;
 }

@@ -1,35 +1,46 @@
 /*
- * One asynchronous call of a SQL function on behalf of a request: take a
- * pooled connection, send the query with bound parameters, and keep its
- * single result row once PostgreSQL has committed.
+ * The service's PostgreSQL connections, owned by this module and driven by
+ * Kore's event loop with libpq's asynchronous API: pools by purpose, one
+ * FIFO wait queue per pool, and one asynchronous call of a SQL function
+ * on behalf of a request or a job. Nothing here ever waits on the
+ * database: a worker only waits in its event loop.
  */
 
 #ifndef __H_DB_H
 #define __H_DB_H
 
+#include <sys/queue.h>
+
 #include <kore/kore.h>
 #include <kore/http.h>
-#include <kore/pgsql.h>
 
-/* Requests, background jobs and health checks draw from separate pools. */
-#define DB_NAME			"db"
-#define DB_NAME_JOBS		"jobs"
-#define DB_NAME_HEALTH		"health"
+#include <libpq-fe.h>
 
-/* The jobs of a worker (cleanup, recovery, standby), each one call at once. */
-#define DB_JOBS_CONN_MIN	3
+/*
+ * The pools of a worker. Each has a fixed number of connections, made when
+ * the pool is opened and made again whenever one is lost; no traffic can
+ * make a worker hold more (README: The database layer).
+ */
+#define DB_POOL_REQUESTS	0	/* pgsql_conn_max (16 when 0) */
+#define DB_POOL_HEALTH		1	/* 1: /healthz never waits behind work */
+#define DB_POOL_AUTH		2	/* DB_AUTH_CONNS: bearer token lookups */
+#define DB_POOL_JOBS		3	/* one per job, in worker 1 only */
+#define DB_POOLS		4
 
-/* The request connections a worker opens at start when the pool has no limit. */
-#define DB_POOL_OPEN_UNLIMITED	16
+#define DB_AUTH_CONNS		2
+
+/* The request connections of a pool whose pgsql_conn_max is 0 (no limit). */
+#define DB_REQUESTS_UNLIMITED	16
 
 #define DB_CALL_PENDING		1
 #define DB_CALL_DONE		2
 #define DB_CALL_FAILED		3
 
 /*
- * How a failed call failed. All but DB_ERROR_QUERY are worth a retry with
- * the same key: nothing was committed, or what was is not confirmed and a
- * retry replays it or does it once.
+ * How a failed call failed. All but DB_ERROR_QUERY and
+ * DB_ERROR_MISCONFIGURED are worth a retry with the same key: nothing was
+ * committed, or what was is not confirmed and a retry replays it or does
+ * it once.
  */
 #define DB_ERROR_UNAVAILABLE	1	/* no connection, server going away */
 #define DB_ERROR_QUERY		2	/* a fault in the query: a bug */
@@ -37,8 +48,15 @@
 #define DB_ERROR_CONFLICT	4	/* serialization failure, deadlock */
 #define DB_ERROR_UNCONFIRMED	5	/* committed locally, not replicated */
 #define DB_ERROR_READ_ONLY	6	/* reached a node that is not primary */
+#define DB_ERROR_MISCONFIGURED	7	/* no such database, bad password, ... */
 
 #define DB_PARAMS_MAX		12
+
+/* Retry-After of a refusal an operator must fix (database-misconfigured). */
+#define DB_MISCONFIGURED_RETRY	"30"
+
+/* The longest cause db_pool_cause() gives. */
+#define DB_CAUSE_MAX		160
 
 /*
  * The detail of the 40001 tx_execute() raises when a concurrent first
@@ -46,47 +64,39 @@
  */
 #define DB_KEY_TAKEN		"idem:key-taken"
 
+struct db_conn;
+
 struct db_call {
-	struct kore_pgsql	sql;
-	const char		*dbname;
-	PGresult		*result;
+	int			pool;
 	int			phase;
+	struct http_request	*req;
+	struct db_conn		*conn;
+
+	/* Past it the call gives up (its answer: the grace after it). */
+	u_int64_t		deadline;
+	u_int32_t		timeout_ms;
+
+	PGresult		*result;
+	PGresult		*failed;
+	char			*message;
 	int			error;
 	char			sqlstate[6];
-
-	/* The bound on waiting for a connection, then for the answer. */
-	u_int32_t		timeout_ms;
-	struct kore_timer	*timer;
-	int			timed_out;
-
-	/*
-	 * A statement rolled back by a conflict, kept while the rest of its
-	 * answer is read (call_conflict()).
-	 */
-	PGresult		*failed;
-	char			*failed_msg;
 	int			key_taken;
-
-	/* A warning that the commit was not confirmed by the standby. */
+	int			client_gone;
+	int			timed_out;
 	int			unconfirmed;
-	PQnoticeReceiver	notices;
 
-	/*
-	 * Queued for a pooled connection (db.c's own list, beside Kore's
-	 * queue); woken from it by db.c (woken) or by Kore for a connection
-	 * given back (kore_woken), and not yet run since.
-	 */
 	TAILQ_ENTRY(db_call)	queue;
-	int			queued;
-	int			woken;
-	int			kore_woken;
 };
 
 void		db_register(void);
-void		db_pool_open(const char *, u_int16_t);
+void		db_pool_open(int, u_int16_t);
+void		db_unload(void);
+int		db_pool_cause(int, char *, size_t);
 void		db_call_init(struct db_call *, struct http_request *);
+void		db_call_init_pool(struct db_call *, struct http_request *,
+		    int, u_int32_t);
 void		db_call_init_job(struct db_call *);
-void		db_call_init_health(struct db_call *, struct http_request *);
 void		db_call_cleanup(struct db_call *);
 int		db_call_step(struct db_call *, const char *, int,
 		    const char **);
@@ -96,5 +106,6 @@ int		db_call_null(struct db_call *, int);
 const char	*db_call_field(struct db_call *, const char *);
 int		db_call_field_length(struct db_call *, const char *);
 int		db_call_rows(struct db_call *);
+const char	*db_call_cause(struct db_call *);
 
 #endif

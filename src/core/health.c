@@ -11,8 +11,10 @@
 #include "db.h"
 #include "problem.h"
 #include "reload.h"
+#include "settings.h"
 
-#define HEALTH_SQL		"SELECT 1"
+/* A function of the schema: an unmigrated database is named as such. */
+#define HEALTH_SQL		"SELECT idem_standby()"
 #define HEALTH_OK		"{\"status\":\"ok\",\"database\":\"up\"}"
 
 struct health_check {
@@ -22,6 +24,7 @@ struct health_check {
 
 int		healthz(struct http_request *);
 static int	health_query(struct http_request *);
+static void	health_fail(struct http_request *, struct db_call *);
 static void	health_free(struct http_request *);
 
 int
@@ -44,7 +47,8 @@ healthz(struct http_request *req)
 		h = http_state_create(req, sizeof(*h), health_free);
 		h->started = kore_time_ms();
 		reload_hold();
-		db_call_init_health(&h->db, req);
+		db_call_init_pool(&h->db, req, DB_POOL_HEALTH,
+		    settings.db_timeout_ms);
 	}
 
 	return (health_query(req));
@@ -64,13 +68,41 @@ health_query(struct http_request *req)
 		    sizeof(HEALTH_OK) - 1);
 		break;
 	default:
-		http_response_header(req, "retry-after", "1");
-		problem_respond(req, PROBLEM_DATABASE_UNAVAILABLE,
-		    "the database does not answer");
+		health_fail(req, &h->db);
 		break;
 	}
 
 	return (KORE_RESULT_OK);
+}
+
+/*
+ * A 503 that names its cause: the server's own refusal that no retry
+ * changes (no such database, authentication failed, schema not migrated),
+ * or a database that cannot be reached or did not answer in time.
+ */
+static void
+health_fail(struct http_request *req, struct db_call *c)
+{
+	char		why[DB_CAUSE_MAX];
+
+	if (c->error == DB_ERROR_MISCONFIGURED) {
+		http_response_header(req, "retry-after", DB_MISCONFIGURED_RETRY);
+		problem_respond(req, PROBLEM_DATABASE_MISCONFIGURED,
+		    "the database refused: %s", db_call_cause(c));
+		return;
+	}
+
+	http_response_header(req, "retry-after", "1");
+	if (c->error == DB_ERROR_TIMEOUT) {
+		problem_respond(req, PROBLEM_DATABASE_UNAVAILABLE,
+		    "the database did not answer in time");
+	} else if (db_pool_cause(DB_POOL_HEALTH, why, sizeof(why)) != 0) {
+		problem_respond(req, PROBLEM_DATABASE_UNAVAILABLE,
+		    "the database is %s", why);
+	} else {
+		problem_respond(req, PROBLEM_DATABASE_UNAVAILABLE,
+		    "the database connection was lost");
+	}
 }
 
 static void

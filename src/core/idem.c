@@ -399,6 +399,12 @@ idem_fail_db(struct http_request *req, struct db_call *c)
 		replay_cache_standby(1);
 
 	switch (c->error) {
+	case DB_ERROR_MISCONFIGURED:
+		http_response_header(req, "retry-after", DB_MISCONFIGURED_RETRY);
+		return (idem_fail(req, PROBLEM_DATABASE_MISCONFIGURED, "the "
+		    "database refused: %s; an operator must fix the "
+		    "service's database settings or migrate its schema",
+		    db_call_cause(c)));
 	case DB_ERROR_QUERY:
 		return (idem_fail(req, PROBLEM_INTERNAL, "the database refused "
 		    "the request (SQLSTATE %s)",
@@ -624,6 +630,7 @@ problem_outcome(int problem)
 	case PROBLEM_PROVIDER_TIMEOUT:
 		return (OUTCOME_PROVIDER_ERROR);
 	case PROBLEM_DATABASE_UNAVAILABLE:
+	case PROBLEM_DATABASE_MISCONFIGURED:
 	case PROBLEM_INTERNAL:
 		return (OUTCOME_DB_ERROR);
 	default:

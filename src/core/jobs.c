@@ -25,10 +25,6 @@ static struct job		*jobs[] = {
 	&cleanup_job, &recovery_job, &standby_job
 };
 
-/* Their pool has a connection for each job (db_register()). */
-typedef char jobs_fit_their_pool[
-    sizeof(jobs) / sizeof(jobs[0]) <= DB_JOBS_CONN_MIN ? 1 : -1];
-
 static struct kore_timer	*timer = NULL;
 
 void
@@ -43,8 +39,8 @@ jobs_start(void)
 	    (u_int64_t)settings.recovery_interval_seconds * 1000;
 	standby_job.interval_ms = REPLAY_CACHE_STANDBY_MS;
 
-	/* A connection for each job, made before the worker serves. */
-	db_pool_open(DB_NAME_JOBS, sizeof(jobs) / sizeof(jobs[0]));
+	/* A connection for each job: a job never waits for another. */
+	db_pool_open(DB_POOL_JOBS, sizeof(jobs) / sizeof(jobs[0]));
 	timer = kore_timer_add(jobs_tick, JOBS_POLL_MS, NULL, 0);
 }
 

@@ -51,6 +51,8 @@ static const struct problem_type	problems[PROBLEM_MAX] = {
 	    "The payment provider did not answer in time" },
 	[PROBLEM_DATABASE_UNAVAILABLE] = { 503, "database-unavailable",
 	    "The database is unavailable" },
+	[PROBLEM_DATABASE_MISCONFIGURED] = { 503, "database-misconfigured",
+	    "The database refuses the service's connection or schema" },
 	[PROBLEM_NOT_FOUND] = { 404, "not-found", "No such resource" },
 	[PROBLEM_METHOD_NOT_ALLOWED] = { 405, "method-not-allowed",
 	    "Method not allowed on this resource" },

@@ -33,7 +33,8 @@
 #define PROBLEM_REFUND_EXCEEDS		21
 #define PROBLEM_REFUND_IN_PROGRESS	22
 #define PROBLEM_REFUND_REJECTED		23
-#define PROBLEM_MAX			24
+#define PROBLEM_DATABASE_MISCONFIGURED	24
+#define PROBLEM_MAX			25
 
 #define PROBLEM_CONTENT_TYPE	"application/problem+json"
 #define JSON_CONTENT_TYPE	"application/json"

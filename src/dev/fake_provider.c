@@ -28,6 +28,7 @@
 
 #include <kore/kore.h>
 #include <kore/http.h>
+#include <kore/pgsql.h>
 
 #include "db.h"
 #include "idem.h"
@@ -218,6 +219,7 @@ provider_init(int state)
 		if (reload_unload() != KORE_RESULT_OK)
 			return (KORE_RESULT_ERROR);
 		wakeup_stop();
+		db_unload();
 		settings_unload();
 		return (KORE_RESULT_OK);
 	}
@@ -225,6 +227,10 @@ provider_init(int state)
 	settings_load();
 	metrics_attach();
 	db_register();
+	if (worker != NULL) {
+		db_pool_open(DB_POOL_REQUESTS, pgsql_conn_max != 0 ?
+		    pgsql_conn_max : DB_REQUESTS_UNLIMITED);
+	}
 	wakeup_start();
 
 	return (KORE_RESULT_OK);

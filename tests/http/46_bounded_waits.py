@@ -233,7 +233,7 @@ down.env["IDEM_DATABASE_URL"] = f"host=127.0.0.1 port={closed} dbname=idem user=
     " sslmode=disable gssencmode=disable connect_timeout=3"
 Kore.start(down, lambda: request(down.port, "GET", "/healthz", timeout=2).status == 503)
 down.stop()
-t.ok(re.search(r"database call failed \(no sqlstate\): connection to server at .*"
-               r"failed: Connection refused", down.read_log()),
+t.ok(re.search(r"cannot connect to the database \(unreachable\): connection to "
+               r"server at .*failed: Connection refused", down.read_log()),
      "a refused connection is logged with libpq's message", down.read_log()[-800:])
 t.done()

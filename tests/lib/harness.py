@@ -421,7 +421,7 @@ class Kore:
         wait_until(lambda: not any(alive(p) for p in pids), f"{self.name} to exit")
 
     def read_log(self):
-        with open(self.logpath) as f:
+        with open(self.logpath, errors="replace") as f:
             return f.read()
 
 

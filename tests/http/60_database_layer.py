@@ -1,0 +1,439 @@
+"""The database layer never makes a worker wait on PostgreSQL (issue 18).
+
+Kore 4.1's pgsql layer, which the service rode before, cancelled a
+statement with a blocking PQcancel() and PQgetResult() when its request
+went away, made connections with a blocking PQconnectdb(), remade them
+with PQreset(), grew a pool with every burst, and handed out connections
+that had died while idle. Each scenario below failed on it; each asserts
+what a client or an operator sees: answers, their time where the contract
+bounds it, connection counts, the server's log."""
+
+import os
+import signal
+import socket
+import sys
+import threading
+import time
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "lib"))
+from harness import (DB_URL, Api, Background, Kore, PsqlSession, Tap,  # noqa: E402
+                     cluster, concurrently, free_port, new_key, quote, request,
+                     sql, sql_value, wait_until)
+
+t = Tap()
+PGPORT = int(os.environ["IDEM_TEST_PGPORT"])
+PGDATA = os.environ["IDEM_TEST_PGDATA"]
+DB = sql_value("select current_database()")
+CONN_MAX = 4
+# One worker: pgsql_conn_max for requests, 1 for /healthz, 2 for token
+# lookups, 3 for the jobs (worker 1 runs them): README, The database layer.
+FORMULA_ONE_WORKER = CONN_MAX + 1 + 2 + 3
+
+
+def url(app, **extra):
+    """The test database's URL, its connections named app."""
+    return DB_URL + f" application_name={app}" + "".join(
+        f" {k}={v}" for k, v in extra.items())
+
+
+def api_with(name, workers=1, conn_max=CONN_MAX, database_url=None, **env):
+    api = Api(name=name, conf_extra=[f"workers {workers}",
+                                     f"pgsql_conn_max {conn_max}"], **env)
+    api.env["IDEM_DATABASE_URL"] = database_url or url(name)
+    return api
+
+
+def connections(app):
+    return int(sql_value("select count(*) from pg_stat_activity "
+                         f"where application_name = {quote(app)}"))
+
+
+def order(api, customer, timeout=30, key=None):
+    return api.post("/v1/orders", {"customer_id": customer, "amount": 100,
+                                   "currency": "RUB"},
+                    key=key or new_key("db"), timeout=timeout)
+
+
+def timed_healthz(port, timeout=5):
+    started = time.monotonic()
+    try:
+        r = request(port, "GET", "/healthz", timeout=timeout)
+    except OSError as e:
+        r = e
+    return r, time.monotonic() - started
+
+
+def raw_order(port, customer):
+    """An order sent on a raw socket, left open: the client that will leave."""
+    body = ('{"customer_id": "%s", "amount": 100, "currency": "RUB"}' % customer).encode()
+    s = socket.create_connection(("127.0.0.1", port))
+    s.sendall(b"POST /v1/orders HTTP/1.1\r\nHost: x\r\n"
+              b"Authorization: Bearer dev-shop-1\r\n"
+              + f"Idempotency-Key: {new_key('db-leaves')}\r\n".encode()
+              + b"Content-Type: application/json\r\n"
+              + f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
+    return s
+
+
+def problem_type(r):
+    return r.json().get("type", "").rsplit("/", 1)[-1]
+
+
+# --- a client leaves while its statement hangs in a stopped backend --------
+
+def client_leaves_while_backend_hangs():
+    api = api_with("api-db-leaves").start()
+    lock = PsqlSession()
+    lock.run("begin; lock table orders in share mode;")
+    client = raw_order(api.port, "c-db-leaves")
+    wait_until(lambda: sql_value(
+        "select count(*) from pg_stat_activity where wait_event_type = 'Lock' "
+        "and application_name = 'api-db-leaves'") == "1",
+        "the order to wait on the held table")
+    pid = int(sql_value("select pid from pg_stat_activity where "
+                        "wait_event_type = 'Lock' and application_name = 'api-db-leaves'"))
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        lock.run("commit;")
+        lock.close()
+        # The client gives up: the request is freed with its statement
+        # still in flight on a backend that cannot answer.
+        client.close()
+        time.sleep(0.3)
+        slow = []
+        for _ in range(3):
+            r, took = timed_healthz(api.port)
+            if isinstance(r, Exception) or r.status != 200 or took > 1.0:
+                slow.append((r, round(took, 2)))
+        t.ok(not slow, "a client left while its statement hangs: /healthz on new "
+             "connections answers 200 within a second", slow)
+        r = order(api, "c-db-other", timeout=10)
+        t.eq(r.status, 201, "and another order is served meanwhile")
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    # The abandoned statement ends (its connection read in the background,
+    # or closed past its bound); the worker goes on serving.
+    wait_until(lambda: request(api.port, "GET", "/healthz", timeout=5).status == 200,
+               "the worker to serve after the backend goes on")
+    wait_until(lambda: connections("api-db-leaves") == FORMULA_ONE_WORKER,
+               f"the instance to hold its {FORMULA_ONE_WORKER} connections")
+    t.eq(order(api, "c-db-leaves-after", timeout=10).status, 201,
+         "the worker serves on once the backend goes on")
+    api.stop()
+
+
+# --- a statement the server ended itself: no cancel request ---------------
+
+def server_log_size():
+    return os.path.getsize(os.path.join(PGDATA, "server.log"))
+
+
+def unauthenticated_since(offset):
+    """Connections PostgreSQL received and never authorized since offset:
+    cancel requests (and nothing else here)."""
+    with open(os.path.join(PGDATA, "server.log"), errors="replace") as f:
+        f.seek(offset)
+        text = f.read()
+    received = text.count("connection received:")
+    authorized = text.count("connection authorized:")
+    return received - authorized
+
+
+def no_cancel_after_lock_timeout():
+    sql("alter system set log_connections = on")
+    sql("select pg_reload_conf()")
+    try:
+        api = api_with("api-db-lock", IDEM_DB_TIMEOUT_MS=700).start()
+        wait_until(lambda: connections("api-db-lock") == FORMULA_ONE_WORKER,
+                   "the pools to be made")
+        offset = server_log_size()
+        lock = PsqlSession()
+        lock.run("begin; lock table orders in share mode;")
+        answers = [order(api, f"c-db-lock-{i}", timeout=10) for i in range(3)]
+        lock.run("rollback;")
+        lock.close()
+        t.ok([a.status for a in answers] == [503] * 3,
+             "orders past lock_timeout are 503s", answers)
+        time.sleep(0.5)
+        t.eq(unauthenticated_since(offset), 0,
+             "a statement the server ended itself: no cancel request reached "
+             "PostgreSQL")
+        t.eq(order(api, "c-db-lock-after", timeout=10).status, 201,
+             "the same connections serve the next order")
+        api.stop()
+    finally:
+        sql("alter system reset log_connections")
+        sql("select pg_reload_conf()")
+
+
+# --- bursts do not grow the pools ------------------------------------------
+
+def bursts_hold_the_formula():
+    api = api_with("api-db-burst", workers=2).start()
+    formula = 2 * (CONN_MAX + 1 + 2) + 3
+    wait_until(lambda: connections("api-db-burst") == formula,
+               f"the pools to be made ({formula} connections)")
+    health = concurrently(200, lambda: request(api.port, "GET", "/healthz", timeout=30))
+    t.ok(all(r.status == 200 for r in health), "200 concurrent /healthz are answered 200",
+         sorted({r.status for r in health}))
+    t.eq(connections("api-db-burst"), formula,
+         f"and the instance still holds {formula} connections")
+    unknown = concurrently(100, lambda: api.post(
+        "/v1/orders", {"customer_id": "c", "amount": 1, "currency": "RUB"},
+        key=new_key("db"), token=f"unknown-{new_key()}", timeout=30))
+    t.ok(all(r.status == 401 for r in unknown), "100 unknown tokens at once are 401s",
+         sorted({r.status for r in unknown}))
+    t.eq(connections("api-db-burst"), formula,
+         "and the token lookups took no connection beyond their pool")
+    again = concurrently(50, lambda: api.post(
+        "/v1/orders", {"customer_id": "c", "amount": 1, "currency": "RUB"},
+        key=new_key("db"), token="unknown-same-token", timeout=30))
+    t.ok(all(r.status == 401 for r in again), "one unknown token sent 50 times: 401s")
+    api.stop()
+
+
+# --- an address that accepts and never answers ----------------------------
+
+class Proxy:
+    """A TCP proxy to PostgreSQL that can turn into a black hole: its
+    connections cut, new ones accepted and never answered."""
+
+    def __init__(self):
+        self.sock = socket.socket()
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self.sock.bind(("127.0.0.1", free_port()))
+        self.sock.listen(256)
+        self.port = self.sock.getsockname()[1]
+        self.hole = False
+        self.lock = threading.Lock()
+        self.open = []
+        self.held = []
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self):
+        while True:
+            client, _ = self.sock.accept()
+            with self.lock:
+                if self.hole:
+                    self.held.append(client)
+                    continue
+            try:
+                server = socket.create_connection(("127.0.0.1", PGPORT), timeout=5)
+                server.settimeout(None)
+            except OSError:
+                client.close()
+                continue
+            with self.lock:
+                self.open.extend([client, server])
+            for a, b in ((client, server), (server, client)):
+                threading.Thread(target=self._pump, args=(a, b), daemon=True).start()
+
+    @staticmethod
+    def _pump(src, dst):
+        try:
+            while True:
+                data = src.recv(65536)
+                if not data:
+                    break
+                dst.sendall(data)
+        except OSError:
+            pass
+        for s in (src, dst):
+            try:
+                s.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+
+    def black_hole(self):
+        with self.lock:
+            self.hole = True
+            for s in self.open:
+                try:
+                    s.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+            self.open = []
+
+    def restore(self):
+        with self.lock:
+            self.hole = False
+            for s in self.held:
+                s.close()
+            self.held = []
+
+
+def database_address_never_answers():
+    proxy = Proxy()
+    timeout_ms = 2000
+    api = api_with("api-db-hole", IDEM_DB_TIMEOUT_MS=timeout_ms,
+                   database_url=f"host=127.0.0.1 port={proxy.port} dbname={DB} "
+                   "user=idem connect_timeout=2 application_name=api-db-hole").start()
+    wait_until(lambda: connections("api-db-hole") == FORMULA_ONE_WORKER,
+               "the pools to be made")
+    proxy.black_hole()
+    orders = [Background(lambda i=i: (time.monotonic(), order(api, f"c-db-hole-{i}", timeout=20),
+                                      time.monotonic())) for i in range(6)]
+    slow = []
+    for _ in range(8):
+        r, took = timed_healthz(api.port)
+        if isinstance(r, Exception) or r.status != 503 or took > 1.0:
+            slow.append((r, round(took, 2)))
+        time.sleep(0.2)
+    t.ok(not slow, "the database's address accepts and never answers: every /healthz "
+         "is a 503 within a second", slow)
+    late = []
+    for b in orders:
+        start, r, end = b.wait(30)
+        # Its bound, its grace, the deadline timer's step and a loaded
+        # machine's scheduling.
+        if r.status != 503 or end - start > timeout_ms / 1000 + 0.5 + 1.0:
+            late.append((r, round(end - start, 2)))
+    t.ok(not late, "every order is a 503 within IDEM_DB_TIMEOUT_MS and its grace", late)
+    proxy.restore()
+    back = time.monotonic()
+    wait_until(lambda: request(api.port, "GET", "/healthz", timeout=3).status == 200,
+               "the service to be back with the database", timeout=15)
+    t.ok(time.monotonic() - back < 10, "the service is back within seconds of the "
+         f"database ({time.monotonic() - back:.1f} s)")
+    t.eq(order(api, "c-db-hole-after").status, 201, "and an order is created")
+    api.stop()
+
+
+# --- a restart under load ---------------------------------------------------
+
+def restart_under_load():
+    api = api_with("api-db-restart", workers=2, conn_max=16).start()
+    stop = threading.Event()
+    seen = []
+
+    def load():
+        i = 0
+        while not stop.is_set():
+            i += 1
+            try:
+                seen.append(order(api, f"c-db-load-{i}", timeout=15).status)
+            except OSError:
+                seen.append("cut")
+
+    loaders = [threading.Thread(target=load, daemon=True) for _ in range(4)]
+    for th in loaders:
+        th.start()
+    wait_until(lambda: seen.count(201) >= 20, "the load to run")
+    cluster("stop")
+    time.sleep(1)
+    cluster("start")
+    wait_until(lambda: request(api.port, "GET", "/healthz", timeout=3).status == 200,
+               "/healthz to say 200 after the restart")
+    stop.set()
+    for th in loaders:
+        th.join(30)
+    statuses = [order(api, f"c-db-after-restart-{i}").status for i in range(100)]
+    t.eq(sorted(set(statuses)), [201], "after a restart under load, once /healthz says "
+         "200, 100 writes in a row are all 201", )
+    t.ok(set(seen) <= {201, 503}, "under the restart the load saw 201s and 503s only",
+         sorted(set(map(str, seen))))
+    api.stop()
+
+
+# --- synchronous_commit pinned ----------------------------------------------
+
+def synchronous_commit_is_pinned():
+    sql("alter role idem set synchronous_commit = local")
+    sql("alter system set synchronous_standby_names = 'never_confirms'")
+    sql("select pg_reload_conf()")
+    key = new_key("db-sync")
+    try:
+        api = api_with("api-db-sync", IDEM_DB_TIMEOUT_MS=1000).start()
+        r = order(api, "c-db-sync", key=key, timeout=15)
+        t.ok(r.status == 503, "the role's default is synchronous_commit = local and the "
+             "named standby never confirms: the order is not acknowledged", r)
+        t.eq(sql_value("set synchronous_commit = local; select idem_standby()"), "f",
+             "idem_standby() is false where commits do not wait for the standby")
+        t.eq(sql_value("set synchronous_commit = on; select idem_standby()"), "t",
+             "and true where they do")
+    finally:
+        sql("alter role idem reset synchronous_commit")
+        sql("alter system reset synchronous_standby_names")
+        sql("select pg_reload_conf()")
+    # The standby unnamed, the waiting commit goes through: the retry
+    # with the same key gets the order, once.
+    r = order(api, "c-db-sync", key=key, timeout=15)
+    t.eq(r.status, 201, "the retry with the same key gets the order", )
+    t.eq(sql_value(f"select count(*) from orders where idem_key = {quote(key)}"), "1",
+         "made once")
+    api.stop()
+
+
+# --- refusals that no retry changes -----------------------------------------
+
+def start_refused(api):
+    return Kore.start(api, lambda: request(api.port, "GET", "/healthz",
+                                           timeout=3).status == 503)
+
+
+def refused(name, database_url, cause, words):
+    api = api_with(name, database_url=database_url)
+    start_refused(api)
+    h, took = timed_healthz(api.port)
+    t.ok(h.status == 503 and problem_type(h) == "database-misconfigured" and
+         cause in h.json()["detail"] and took <= 1.0,
+         f"{cause}: /healthz is a 503 database-misconfigured naming it", h)
+    r = order(api, "c-db-refused")
+    t.ok(r.status == 503 and problem_type(r) == "database-misconfigured" and
+         cause in r.json()["detail"],
+         f"{cause}: an order is a 503 database-misconfigured naming it", r)
+    log = api.read_log()
+    t.ok(cause in log and words in log, f"{cause}: the log says it in the server's words",
+         [l for l in log.splitlines() if "database" in l][-3:])
+    api.stop()
+
+
+def permanent_refusals_named():
+    base = f"host=127.0.0.1 port={PGPORT} connect_timeout=3"
+    refused("api-db-nodb", f"{base} dbname=idem_no_such_db user=idem",
+            "no such database", 'database "idem_no_such_db" does not exist')
+
+    hba = os.path.join(PGDATA, "pg_hba.conf")
+    with open(hba) as f:
+        original = f.read()
+    sql("drop role if exists idem_pw")
+    sql("create role idem_pw login password 'right'")
+    try:
+        with open(hba, "w") as f:
+            f.write("host all idem_pw 127.0.0.1/32 scram-sha-256\n" + original)
+        sql("select pg_reload_conf()")
+        refused("api-db-password", f"{base} dbname={DB} user=idem_pw password=wrong",
+                "authentication failed", 'password authentication failed for user "idem_pw"')
+    finally:
+        with open(hba, "w") as f:
+            f.write(original)
+        sql("select pg_reload_conf()")
+        sql("drop role if exists idem_pw")
+
+    sql("drop database if exists idem_unmigrated")
+    sql("create database idem_unmigrated")
+    try:
+        api = api_with("api-db-unmigrated",
+                       database_url=f"{base} dbname=idem_unmigrated user=idem")
+        start_refused(api)
+        h = request(api.port, "GET", "/healthz")
+        t.ok(problem_type(h) == "database-misconfigured" and
+             "schema not migrated" in h.json()["detail"],
+             "schema not migrated: /healthz names it", h)
+        r = order(api, "c-db-unmigrated")
+        t.ok(r.status == 503 and problem_type(r) == "database-misconfigured" and
+             "schema not migrated" in r.json()["detail"],
+             "schema not migrated: an order is a 503 database-misconfigured", r)
+        api.stop()
+    finally:
+        sql("drop database if exists idem_unmigrated")
+
+
+client_leaves_while_backend_hangs()
+no_cancel_after_lock_timeout()
+bursts_hold_the_formula()
+database_address_never_answers()
+synchronous_commit_is_pinned()
+permanent_refusals_named()
+restart_under_load()
+t.done()
