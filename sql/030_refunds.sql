@@ -101,14 +101,17 @@ begin
 		-- ends its provider call (it settles, or is released at once).
 		-- Refunds released after a provider failure wait for a retry
 		-- of their own client or for the recovery job: at least 30 s,
-		-- or until the job's next attempt.
+		-- or until the job's next attempt. Measured from now, not from
+		-- this transaction's start (now()): it may have waited for the
+		-- first refund's hold to commit, and its Retry-After would be
+		-- that much too long.
 		select greatest(1, ceil(extract(epoch from min(
-			   case when k.locked_until > now() then
+			   case when k.locked_until > clock_timestamp() then
 				   least(k.locked_until, coalesce(k.call_deadline,
 				       k.locked_until))
 			   else greatest(k.recover_at,
-				   now() + interval '30 seconds') end) -
-			   now())))::int
+				   clock_timestamp() + interval '30 seconds') end) -
+			   clock_timestamp())))::int
 		  into v_retry
 		  from refunds r
 		  join idempotency_keys k

@@ -30,8 +30,9 @@
 
 /*
  * Syscalls beyond Kore's own filters: libpq's stat() of ~/.pgpass and its
- * GSSAPI probe, libcurl's getpeername(), and shutdown(), which libcurl
- * may use on a connection it drops.
+ * GSSAPI probe, libcurl's getpeername(), shutdown(), which libcurl may
+ * use on a connection it drops, and getppid() (a worker whose parent
+ * died stops: wakeup.c).
  */
 #define APP_SYSCALLS							\
 	KORE_SYSCALL_ALLOW(shutdown),					\
@@ -39,7 +40,8 @@
 	KORE_SYSCALL_ALLOW(getdents64),					\
 	KORE_SYSCALL_ALLOW(clone3),					\
 	KORE_SYSCALL_ALLOW(rseq),					\
-	KORE_SYSCALL_ALLOW(getpeername)
+	KORE_SYSCALL_ALLOW(getpeername),				\
+	KORE_SYSCALL_ALLOW(getppid)
 
 #if defined(IDEM_SANITIZE)
 /* What the sanitizers' runtime and reports need (sanitize flavor only). */

@@ -1,9 +1,10 @@
 /*
  * The service's PostgreSQL connections on Kore's event loop, with libpq's
  * asynchronous API only: PQconnectStartParams()/PQconnectPoll() to make a
- * connection, PQsendQueryParams(), PQflush(), PQconsumeInput(),
- * PQisBusy() and PQgetResult() when it cannot wait. No call here blocks a
- * worker: no PQconnectdb(), PQreset(), PQcancel() or waiting PQgetResult().
+ * connection, PQsendPrepare() and PQsendQueryPrepared(), PQflush(),
+ * PQconsumeInput(), PQisBusy() and PQgetResult() when it cannot wait.
+ * No call here blocks a worker: no PQconnectdb(), PQreset(), PQcancel()
+ * or waiting PQgetResult().
  *
  * A connection is in one of these states:
  *
@@ -84,6 +85,9 @@
 /* The same failure is logged at most this often per pool. */
 #define DB_LOG_INTERVAL_MS	10000
 
+/* Distinct statements prepared on each connection (a bit each). */
+#define DB_STATEMENTS_MAX	64
+
 /* Hosts of a multi-host URL an attempt may start with (see dsn_build()). */
 #define DB_ROTATIONS_MAX	8
 
@@ -99,6 +103,10 @@ struct db_conn {
 	int			state;
 	int			events;
 	int			flushing;
+	int			doomed;
+	int			errored;
+	int			preparing;
+	u_int64_t		prepared;
 	struct db_call		*call;
 	u_int64_t		deadline;
 	TAILQ_ENTRY(db_conn)	list;
@@ -132,6 +140,10 @@ static void	conn_give(struct db_conn *);
 static void	conn_close(struct db_conn *);
 static int	conn_alive(struct db_conn *);
 static void	conn_read(struct db_conn *);
+static void	conn_done(struct db_conn *);
+static int	statement_id(const char *);
+static int	call_send_query(struct db_call *, struct db_conn *,
+		    const char *, int, const char **);
 static void	conn_lost(struct db_conn *, const char *);
 static void	conn_notice(void *, const PGresult *);
 static int	pool_open_count(struct db_pool *);
@@ -160,6 +172,8 @@ static struct kore_timer	*ticker = NULL;
 static char			*dsns[DB_ROTATIONS_MAX];
 static u_int32_t		rotations = 0;
 static u_int32_t		connect_timeout_ms = DB_CONNECT_TIMEOUT_MS;
+static char			*statements[DB_STATEMENTS_MAX];
+static int			nstatements = 0;
 
 static const char	*pool_names[DB_POOLS] = {
 	[DB_POOL_REQUESTS] = "requests",
@@ -244,6 +258,12 @@ db_unload(void)
 		dsns[i] = NULL;
 	}
 	rotations = 0;
+
+	for (id = 0; id < nstatements; id++) {
+		kore_free(statements[id]);
+		statements[id] = NULL;
+	}
+	nstatements = 0;
 }
 
 /*
@@ -462,9 +482,8 @@ call_send(struct db_call *c, const char *query, int nparams,
 		return;
 	}
 
-	if (conn_alive(conn) && !PQsendQueryParams(conn->pg, query, nparams,
-	    NULL, values, NULL, NULL, 0) && PQstatus(conn->pg) ==
-	    CONNECTION_OK) {
+	if (conn_alive(conn) && !call_send_query(c, conn, query, nparams,
+	    values) && PQstatus(conn->pg) == CONNECTION_OK) {
 		/* Refused before anything was sent: a bug here. */
 		c->conn = NULL;
 		call_message(c, PQerrorMessage(conn->pg));
@@ -502,6 +521,59 @@ call_send(struct db_call *c, const char *query, int nparams,
 		conn_read(conn);
 		break;
 	}
+}
+
+/*
+ * Each of the service's statements is prepared once per connection, by
+ * name, the first time the connection runs it (one round trip more, then
+ * none): PostgreSQL then neither parses nor plans the call again. A
+ * statement past the registry's room is sent unprepared.
+ */
+static int
+call_send_query(struct db_call *c, struct db_conn *conn, const char *query,
+    int nparams, const char **values)
+{
+	char		name[32];
+	int		id;
+
+	conn->errored = 0;
+	conn->preparing = -1;
+
+	if ((id = statement_id(query)) < 0) {
+		return (PQsendQueryParams(conn->pg, query, nparams, NULL,
+		    values, NULL, NULL, 0));
+	}
+
+	(void)snprintf(name, sizeof(name), "idem_%d", id);
+	if (conn->prepared & ((u_int64_t)1 << id)) {
+		return (PQsendQueryPrepared(conn->pg, name, nparams, values,
+		    NULL, NULL, 0));
+	}
+
+	conn->preparing = id;
+	return (PQsendPrepare(conn->pg, name, query, nparams, NULL));
+}
+
+/*
+ * The registry of statements: an id for each distinct text, the same in
+ * every connection of the worker (its prepared name is idem_<id>).
+ */
+static int
+statement_id(const char *query)
+{
+	int		i;
+
+	for (i = 0; i < nstatements; i++) {
+		if (!strcmp(statements[i], query))
+			return (i);
+	}
+
+	if (nstatements == DB_STATEMENTS_MAX)
+		return (-1);
+
+	statements[nstatements] = kore_strdup(query);
+
+	return (nstatements++);
 }
 
 /*
@@ -755,6 +827,9 @@ conn_start(struct db_conn *conn)
 	conn->state = CONN_CONNECTING;
 	conn->events = 0;
 	conn->flushing = 0;
+	conn->doomed = 0;
+	conn->preparing = -1;
+	conn->prepared = 0;
 	conn->deadline = kore_time_ms() + connect_timeout_ms;
 
 	if ((conn->pg = PQconnectStartParams(keywords, values, 1)) == NULL)
@@ -1041,7 +1116,9 @@ conn_close(struct db_conn *conn)
 /*
  * Reads what the server sent an idle connection, without waiting: a
  * connection the server closed (a restart, a failover, a terminated
- * backend) is found here.
+ * backend) is found here, by the end of its stream or by the FATAL
+ * message the server sends before it (libpq hands that to the notice
+ * receiver: conn_notice()).
  */
 static int
 conn_alive(struct db_conn *conn)
@@ -1049,7 +1126,10 @@ conn_alive(struct db_conn *conn)
 	if (PQstatus(conn->pg) != CONNECTION_OK || !PQconsumeInput(conn->pg))
 		return (0);
 
-	return (PQstatus(conn->pg) == CONNECTION_OK &&
+	/* Parses what came in: an idle connection's FATAL is a notice. */
+	(void)PQisBusy(conn->pg);
+
+	return (PQstatus(conn->pg) == CONNECTION_OK && !conn->doomed &&
 	    PQtransactionStatus(conn->pg) == PQTRANS_IDLE);
 }
 
@@ -1079,8 +1159,6 @@ conn_read(struct db_conn *conn)
 	struct db_call		*c;
 	PGresult		*res;
 	ExecStatusType		st;
-	const char		*state;
-	int			read_only;
 
 	if (!PQconsumeInput(conn->pg) || PQstatus(conn->pg) != CONNECTION_OK) {
 		if ((c = conn->call) != NULL) {
@@ -1096,33 +1174,20 @@ conn_read(struct db_conn *conn)
 
 	while (!PQisBusy(conn->pg)) {
 		if ((res = PQgetResult(conn->pg)) == NULL) {
-			read_only = 0;
-			if ((c = conn->call) != NULL) {
-				c->conn = NULL;
-				read_only = c->failed != NULL &&
-				    (state = PQresultErrorField(c->failed,
-				    PG_DIAG_SQLSTATE)) != NULL &&
-				    !strcmp(state, "25006");
-				call_answer(c, DB_PHASE_ANSWERED);
-			}
-			/*
-			 * A node that no longer takes writes (a primary
-			 * demoted without a restart, a standby) would refuse
-			 * every write on this connection: it is made again,
-			 * and libpq finds the host that takes writes
-			 * (target_session_attrs=read-write).
-			 */
-			if (read_only)
-				conn_lost(conn, "refused a write (read-only)");
-			else
-				conn_give(conn);
+			conn_done(conn);
 			return;
 		}
 
 		c = conn->call;
 		st = PQresultStatus(res);
-		if (c == NULL) {
-			PQclear(res);
+		if (st != PGRES_TUPLES_OK && st != PGRES_COMMAND_OK)
+			conn->errored = 1;
+		if (c == NULL || conn->preparing >= 0) {
+			/* A drained answer, or a statement's preparation. */
+			if (c != NULL && conn->errored && c->failed == NULL)
+				c->failed = res;
+			else
+				PQclear(res);
 		} else if (st == PGRES_TUPLES_OK || st == PGRES_COMMAND_OK) {
 			if (c->result == NULL && c->failed == NULL)
 				c->result = res;
@@ -1137,6 +1202,67 @@ conn_read(struct db_conn *conn)
 }
 
 /*
+ * The connection sent ReadyForQuery: its command is over. A statement
+ * prepared for the call is now run (the call keeps the connection); any
+ * other call has its answer; the connection comes free.
+ */
+static void
+conn_done(struct db_conn *conn)
+{
+	struct db_call		*c = conn->call;
+	const char		*state;
+
+	if (conn->preparing >= 0 && !conn->errored)
+		conn->prepared |= (u_int64_t)1 << conn->preparing;
+	if (conn->preparing >= 0 && !conn->errored && c != NULL) {
+		conn->preparing = -1;
+		c->phase = DB_PHASE_QUEUED;
+		call_wake(c);
+		return;
+	}
+	conn->preparing = -1;
+
+	if (c == NULL) {
+		conn_give(conn);
+		return;
+	}
+
+	c->conn = NULL;
+	state = c->failed != NULL ?
+	    PQresultErrorField(c->failed, PG_DIAG_SQLSTATE) : NULL;
+
+	/*
+	 * A prepared statement the server no longer runs as prepared (a
+	 * migration changed a function's result type: "cached plan must not
+	 * change result type"): nothing ran. The connection is made again,
+	 * which prepares anew, and the call goes back to the head of the
+	 * queue.
+	 */
+	if (state != NULL && (!strcmp(state, "0A000") ||
+	    !strcmp(state, "26000")) && c->replans++ == 0) {
+		PQclear(c->failed);
+		c->failed = NULL;
+		conn_lost(conn, "found with a stale prepared statement");
+		call_queue(c, 1);
+		call_wake(c);
+		return;
+	}
+
+	call_answer(c, DB_PHASE_ANSWERED);
+
+	/*
+	 * A node that no longer takes writes (a primary demoted without a
+	 * restart, a standby) would refuse every write on this connection: it
+	 * is made again, and libpq finds the host that takes writes
+	 * (target_session_attrs=read-write).
+	 */
+	if (state != NULL && !strcmp(state, "25006"))
+		conn_lost(conn, "refused a write (read-only)");
+	else
+		conn_give(conn);
+}
+
+/*
  * A commit whose wait for the synchronous standby was cancelled (by a
  * cancel, a failover, a shutdown) has happened here and may not have on
  * the standby: a failover can lose it. PostgreSQL says so only in a
@@ -1147,9 +1273,15 @@ static void
 conn_notice(void *arg, const PGresult *res)
 {
 	struct db_conn		*conn = arg;
-	const char		*msg, *detail;
+	const char		*msg, *detail, *severity;
 
-	if (conn->call == NULL)
+	/* The server ends the session (a shutdown, a terminated backend). */
+	severity = PQresultErrorField(res, PG_DIAG_SEVERITY_NONLOCALIZED);
+	if (severity != NULL && (!strcmp(severity, "FATAL") ||
+	    !strcmp(severity, "PANIC")))
+		conn->doomed = 1;
+
+	if (conn->call == NULL || conn->call->phase != DB_PHASE_WAIT)
 		return;
 
 	msg = PQresultErrorField(res, PG_DIAG_MESSAGE_PRIMARY);

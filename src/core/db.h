@@ -83,6 +83,7 @@ struct db_call {
 	char			sqlstate[6];
 	int			key_taken;
 	int			client_gone;
+	int			replans;
 	int			timed_out;
 	int			unconfirmed;
 

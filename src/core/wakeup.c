@@ -6,10 +6,21 @@
  * half of its headers and stopped, or a kept-alive connection left idle,
  * kept its connection for as long as it liked, past every timeout (a
  * slowloris; tests/http/27_bad_input_catalogue.py). A timer in every
- * worker bounds that sleep, so the timeouts hold; it does nothing else.
+ * worker bounds that sleep, so the timeouts hold.
+ *
+ * The same timer stops a worker whose parent died (a kill -9 of the
+ * parent, the OOM killer): Kore 4.1's workers each keep the other's
+ * channel to the parent open and never see it go, and kept serving on the
+ * instance's port for minutes, so that a supervisor could not start the
+ * instance again (bind: address in use). The worker asks itself to quit
+ * (SIGQUIT, Kore's normal stop: its requests in flight end first) once
+ * its parent is no longer the process that forked it.
  */
 
 #include <sys/types.h>
+
+#include <signal.h>
+#include <unistd.h>
 
 #include <kore/kore.h>
 
@@ -21,6 +32,7 @@
 static void	wakeup_tick(void *, u_int64_t);
 
 static struct kore_timer	*timer = NULL;
+static pid_t			parent = 0;
 
 void
 wakeup_start(void)
@@ -28,6 +40,8 @@ wakeup_start(void)
 	if (worker == NULL || timer != NULL)
 		return;
 
+	/* A reload keeps the parent; a new image asks again. */
+	parent = getppid();
 	timer = kore_timer_add(wakeup_tick, WAKEUP_MS, NULL, 0);
 }
 
@@ -46,5 +60,15 @@ wakeup_stop(void)
 static void
 wakeup_tick(void *arg, u_int64_t now)
 {
-	/* Waking the event loop is all; Kore checks the connections. */
+	static int	quitting = 0;
+
+	/* Waking the event loop does the rest; Kore checks the connections. */
+	if (quitting || getppid() == parent)
+		return;
+
+	quitting = 1;
+	kore_log(LOG_NOTICE, "the parent process (pid %d) is gone: stopping",
+	    (int)parent);
+	/* kill(2), not raise(3): the sandbox allows kill only. */
+	(void)kill(getpid(), SIGQUIT);
 }
