@@ -106,7 +106,10 @@ struct db_conn {
 	int			doomed;
 	int			errored;
 	int			preparing;
+	int			ran_prepared;
 	u_int64_t		prepared;
+	u_int32_t		prepared_epoch;
+	u_int64_t		retry_at;
 	struct db_call		*call;
 	u_int64_t		deadline;
 	TAILQ_ENTRY(db_conn)	list;
@@ -145,6 +148,7 @@ static int	statement_id(const char *);
 static int	call_send_query(struct db_call *, struct db_conn *,
 		    const char *, int, const char **);
 static void	conn_lost(struct db_conn *, const char *);
+static void	conn_lost_unsent(struct db_conn *);
 static void	conn_notice(void *, const PGresult *);
 static int	pool_open_count(struct db_pool *);
 static void	pool_fail_waiters(struct db_pool *);
@@ -152,6 +156,7 @@ static void	pool_log(struct db_pool *, const char *, const char *);
 static void	db_tick(void *, u_int64_t);
 static void	call_queue(struct db_call *, int);
 static void	call_send(struct db_call *, const char *, int, const char **);
+static void	call_unsent(struct db_call *, int, const char *);
 static void	call_answer(struct db_call *, int);
 static void	call_wake(struct db_call *);
 static void	call_sleep(struct db_call *);
@@ -174,6 +179,7 @@ static u_int32_t		rotations = 0;
 static u_int32_t		connect_timeout_ms = DB_CONNECT_TIMEOUT_MS;
 static char			*statements[DB_STATEMENTS_MAX];
 static int			nstatements = 0;
+static u_int32_t		statements_epoch = 0;
 
 static const char	*pool_names[DB_POOLS] = {
 	[DB_POOL_REQUESTS] = "requests",
@@ -375,12 +381,20 @@ db_call_step(struct db_call *c, const char *query, int nparams,
 				    c->pool);
 			c->deadline = kore_time_ms() + c->timeout_ms;
 
-			/* A refusal that no retry can change: said at once. */
-			if (pool->failing && pool->cause ==
-			    CAUSE_MISCONFIGURED && pool_open_count(pool) == 0) {
-				c->error = DB_ERROR_MISCONFIGURED;
-				call_message(c, pool->why);
-				return (call_fail(c));
+			/*
+			 * No connection, and the last attempt failed: a refusal
+			 * no retry changes is said at once; otherwise the next
+			 * attempt is made on the next tick rather than after
+			 * DB_RETRY_MS, and the call waits for it (a refused
+			 * attempt fails it at once, a made one serves it).
+			 */
+			if (pool->failing && pool_open_count(pool) == 0) {
+				if (pool->cause == CAUSE_MISCONFIGURED) {
+					c->error = DB_ERROR_MISCONFIGURED;
+					call_message(c, pool->why);
+					return (call_fail(c));
+				}
+				pool->retry_at = 0;
 			}
 
 			call_queue(c, 0);
@@ -456,12 +470,9 @@ call_send(struct db_call *c, const char *query, int nparams,
 	 */
 	now = kore_time_ms();
 	if (now >= c->deadline) {
-		c->conn = NULL;
 		c->timed_out = 1;
-		c->error = DB_ERROR_TIMEOUT;
-		call_message(c, "no database connection came free in time");
-		call_answer(c, DB_PHASE_ANSWERED);
-		conn_give(conn);
+		call_unsent(c, DB_ERROR_TIMEOUT,
+		    "no database connection came free in time");
 		return;
 	}
 
@@ -473,41 +484,35 @@ call_send(struct db_call *c, const char *query, int nparams,
 	 */
 	if (c->req != NULL && (c->req->owner == NULL ||
 	    c->req->owner->state == CONN_STATE_DISCONNECTING)) {
-		c->conn = NULL;
 		c->client_gone = 1;
-		c->error = DB_ERROR_UNAVAILABLE;
-		call_message(c, "the client left before the statement was sent");
-		call_answer(c, DB_PHASE_ANSWERED);
-		conn_give(conn);
+		call_unsent(c, DB_ERROR_UNAVAILABLE,
+		    "the client left before the statement was sent");
 		return;
 	}
 
 	if (conn_alive(conn) && !call_send_query(c, conn, query, nparams,
 	    values) && PQstatus(conn->pg) == CONNECTION_OK) {
 		/* Refused before anything was sent: a bug here. */
-		c->conn = NULL;
-		call_message(c, PQerrorMessage(conn->pg));
-		c->error = DB_ERROR_QUERY;
-		call_answer(c, DB_PHASE_ANSWERED);
-		conn_give(conn);
+		call_unsent(c, DB_ERROR_QUERY, PQerrorMessage(conn->pg));
 		return;
 	}
 
 	if (PQstatus(conn->pg) != CONNECTION_OK || !PQisBusy(conn->pg)) {
-		c->conn = NULL;
-		conn->call = NULL;
-		conn_lost(conn, "found closed before use");
-		call_queue(c, 1);
+		conn_lost_unsent(conn);
 		return;
 	}
 
 	/*
 	 * The answer is awaited as long as the server's own statement_timeout
-	 * and lock_timeout let the statement run, from now, and a grace: the
-	 * connection is closed under a statement only when the server did not
-	 * end it itself (a commit waiting for a standby, a hung server).
+	 * and lock_timeout let the statement run, from its first send (a
+	 * statement's preparation included), and a grace: the connection is
+	 * closed under a statement only when the server did not end it
+	 * itself (a commit waiting for a standby, a hung server). A health
+	 * check keeps the one bound it started with: a second in all.
 	 */
-	c->deadline = now + c->timeout_ms;
+	if (!c->sent && c->pool != DB_POOL_HEALTH)
+		c->deadline = now + c->timeout_ms;
+	c->sent = 1;
 	c->phase = DB_PHASE_WAIT;
 	switch (PQflush(conn->pg)) {
 	case 0:
@@ -521,6 +526,22 @@ call_send(struct db_call *c, const char *query, int nparams,
 		conn_read(conn);
 		break;
 	}
+}
+
+/*
+ * The call ends without sending anything; the connection it was handed
+ * goes on to the next waiting call.
+ */
+static void
+call_unsent(struct db_call *c, int error, const char *why)
+{
+	struct db_conn		*conn = c->conn;
+
+	call_message(c, why);
+	c->conn = NULL;
+	c->error = error;
+	call_answer(c, DB_PHASE_ANSWERED);
+	conn_give(conn);
 }
 
 /*
@@ -538,20 +559,31 @@ call_send_query(struct db_call *c, struct db_conn *conn, const char *query,
 
 	conn->errored = 0;
 	conn->preparing = -1;
+	conn->ran_prepared = 0;
 
 	if ((id = statement_id(query)) < 0) {
 		return (PQsendQueryParams(conn->pg, query, nparams, NULL,
 		    values, NULL, NULL, 0));
 	}
 
-	(void)snprintf(name, sizeof(name), "idem_%d", id);
+	/* Statements of an older epoch are stale (see conn_done()). */
+	if (conn->prepared_epoch != statements_epoch) {
+		conn->prepared = 0;
+		conn->prepared_epoch = statements_epoch;
+	}
+
+	(void)snprintf(name, sizeof(name), "idem_%u_%d", statements_epoch, id);
 	if (conn->prepared & ((u_int64_t)1 << id)) {
+		conn->ran_prepared = 1;
 		return (PQsendQueryPrepared(conn->pg, name, nparams, values,
 		    NULL, NULL, 0));
 	}
 
+	if (!PQsendPrepare(conn->pg, name, query, nparams, NULL))
+		return (0);
 	conn->preparing = id;
-	return (PQsendPrepare(conn->pg, name, query, nparams, NULL));
+
+	return (1);
 }
 
 /*
@@ -804,6 +836,10 @@ call_classify(const char *state)
 	if (!strcmp(state, "25006"))
 		return (DB_ERROR_READ_ONLY);
 
+	/* A prepared statement stale twice over: nothing ran. */
+	if (!strcmp(state, "0A000") || !strcmp(state, "26000"))
+		return (DB_ERROR_UNAVAILABLE);
+
 	if (!strcmp(state, "42883") || !strcmp(state, "42P01") ||
 	    !strcmp(state, "3F000"))
 		return (DB_ERROR_MISCONFIGURED);
@@ -864,6 +900,18 @@ conn_ready(void *arg, int error)
 			conn_lost(conn, "closed by the server while idle");
 		break;
 	case CONN_BUSY:
+		/*
+		 * Handed to a call that has sent nothing yet (or whose
+		 * statement was just prepared): news from the server now is
+		 * the end of the session, and the call takes another
+		 * connection.
+		 */
+		if (conn->call->phase == DB_PHASE_QUEUED) {
+			if (!conn_alive(conn))
+				conn_lost_unsent(conn);
+			break;
+		}
+		/* FALLTHROUGH */
 	case CONN_DRAINING:
 		if (conn->flushing && (flags & KORE_EVENT_WRITE)) {
 			switch (PQflush(conn->pg)) {
@@ -1076,6 +1124,8 @@ conn_give(struct db_conn *conn)
 
 	conn->call = NULL;
 	conn->flushing = 0;
+	conn->preparing = -1;
+	conn->errored = 0;
 
 	if ((c = TAILQ_FIRST(&pool->waiting)) != NULL) {
 		TAILQ_REMOVE(&pool->waiting, c, queue);
@@ -1144,6 +1194,23 @@ conn_lost(struct db_conn *conn, const char *how)
 	kore_log(LOG_NOTICE, "pool %s: a database connection was %s; making "
 	    "it again", pool->name, how);
 	conn_close(conn);
+}
+
+/*
+ * The connection handed to a call is gone before the call sent anything:
+ * the call goes back to the head of its pool's queue (or takes an idle
+ * connection), and its owner is woken to look again.
+ */
+static void
+conn_lost_unsent(struct db_conn *conn)
+{
+	struct db_call		*c = conn->call;
+
+	c->conn = NULL;
+	conn->call = NULL;
+	conn_lost(conn, "found closed before use");
+	call_queue(c, 1);
+	call_wake(c);
 }
 
 /*
@@ -1234,16 +1301,20 @@ conn_done(struct db_conn *conn)
 	/*
 	 * A prepared statement the server no longer runs as prepared (a
 	 * migration changed a function's result type: "cached plan must not
-	 * change result type"): nothing ran. The connection is made again,
-	 * which prepares anew, and the call goes back to the head of the
-	 * queue.
+	 * change result type"; or it is gone): nothing ran. Every
+	 * connection's statements are stale then: a new epoch names new ones,
+	 * prepared again on each connection's next use, and the call runs
+	 * again, at once, on this connection.
 	 */
-	if (state != NULL && (!strcmp(state, "0A000") ||
+	if (state != NULL && conn->ran_prepared && (!strcmp(state, "0A000") ||
 	    !strcmp(state, "26000")) && c->replans++ == 0) {
+		kore_log(LOG_NOTICE, "pool %s: prepared statements are stale "
+		    "(%s); preparing them again", conn->pool->name, state);
+		statements_epoch++;
 		PQclear(c->failed);
 		c->failed = NULL;
-		conn_lost(conn, "found with a stale prepared statement");
-		call_queue(c, 1);
+		c->conn = conn;
+		c->phase = DB_PHASE_QUEUED;
 		call_wake(c);
 		return;
 	}
@@ -1357,6 +1428,12 @@ db_tick(void *arg, u_int64_t unused)
 				    "in time; connection closed");
 				call_answer(c, DB_PHASE_ANSWERED);
 				conn_lost(conn, "closed with no answer in time");
+				/*
+				 * Its backend may still wait (a commit waiting
+				 * for a standby ignores its client's going): the
+				 * slot is made again only after another bound.
+				 */
+				conn->retry_at = now + settings.db_timeout_ms;
 				break;
 			case CONN_DRAINING:
 				if (now >= conn->deadline)
@@ -1369,7 +1446,7 @@ db_tick(void *arg, u_int64_t unused)
 
 		for (i = 0; i < pool->size; i++) {
 			conn = &pool->conns[i];
-			if (conn->state != CONN_CLOSED)
+			if (conn->state != CONN_CLOSED || now < conn->retry_at)
 				continue;
 			/* While refused: one attempt at a time, spaced. */
 			if (pool->failing &&

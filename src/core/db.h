@@ -84,6 +84,7 @@ struct db_call {
 	int			key_taken;
 	int			client_gone;
 	int			replans;
+	int			sent;
 	int			timed_out;
 	int			unconfirmed;
 

@@ -13,8 +13,9 @@
  * channel to the parent open and never see it go, and kept serving on the
  * instance's port for minutes, so that a supervisor could not start the
  * instance again (bind: address in use). The worker asks itself to quit
- * (SIGQUIT, Kore's normal stop: its requests in flight end first) once
- * its parent is no longer the process that forked it.
+ * (SIGQUIT, Kore's normal stop, which cuts the requests in flight as any
+ * stop of Kore 4.1 does: their clients retry with their keys) once its
+ * parent is no longer the process that forked it.
  */
 
 #include <sys/types.h>

@@ -13,73 +13,16 @@ connection (a remote server, a loaded one): a proxy in front of it that
 waits DELAY before it passes a new connection on."""
 
 import os
-import socket
 import sys
-import threading
 import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "lib"))
-from harness import (Api, Background, Kore, Tap, free_port, new_key,  # noqa: E402
+from harness import (Api, Background, DbProxy, Kore, Tap, new_key,  # noqa: E402
                      request, sql_value, wait_until)
 
 DELAY = 0.15
 CONNECTIONS = 16
 t = Tap()
-
-
-class SlowAccept:
-    """A TCP proxy to PostgreSQL that holds each new connection for DELAY
-    before it connects it through."""
-
-    def __init__(self, target_port):
-        self.target = target_port
-        self.sock = socket.socket()
-        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        self.sock.bind(("127.0.0.1", free_port()))
-        self.sock.listen(128)
-        self.port = self.sock.getsockname()[1]
-        self.accepted = 0
-        # While set, a new connection is held and never passed on: a
-        # database that does not answer.
-        self.hold = False
-        self.held = []
-        threading.Thread(target=self._accept, daemon=True).start()
-
-    def _accept(self):
-        while True:
-            client, _ = self.sock.accept()
-            self.accepted += 1
-            threading.Thread(target=self._open, args=(client,), daemon=True).start()
-
-    def _open(self, client):
-        time.sleep(DELAY)
-        if self.hold:
-            self.held.append(client)
-            return
-        try:
-            server = socket.create_connection(("127.0.0.1", self.target), timeout=5)
-            server.settimeout(None)
-        except OSError:
-            client.close()
-            return
-        for a, b in ((client, server), (server, client)):
-            threading.Thread(target=self._pump, args=(a, b), daemon=True).start()
-
-    @staticmethod
-    def _pump(src, dst):
-        try:
-            while True:
-                data = src.recv(65536)
-                if not data:
-                    break
-                dst.sendall(data)
-        except OSError:
-            pass
-        for s in (src, dst):
-            try:
-                s.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
 
 
 db = sql_value("select current_database()")
@@ -92,7 +35,7 @@ def through(proxy, name, conn_max, connect_timeout=5):
     return api
 
 
-proxy = SlowAccept(int(os.environ["IDEM_TEST_PGPORT"]))
+proxy = DbProxy(DELAY)
 api = through(proxy, "api-cold", CONNECTIONS).start()
 # The pools opened at start: 16 for requests, 1 for /healthz, 2 for token
 # lookups, 3 for the jobs (this one worker runs them).
@@ -122,7 +65,7 @@ t.eq(request(api.port, "GET", "/healthz").status, 200, "the worker lives")
 api.stop()
 
 # pgsql_conn_max 0 (no limit): the worker opens 16 for requests all the same.
-proxy = SlowAccept(int(os.environ["IDEM_TEST_PGPORT"]))
+proxy = DbProxy(DELAY)
 api = through(proxy, "api-cold-unlimited", 0).start()
 wait_until(lambda: proxy.accepted >= 16 + 1 + 2 + 3,
            "the worker to open its pools with no limit")
@@ -135,7 +78,7 @@ api.stop()
 # once all the same (/healthz a 503 within a second), and once the
 # database answers (its connection attempts time out and are made again),
 # it serves.
-proxy = SlowAccept(int(os.environ["IDEM_TEST_PGPORT"]))
+proxy = DbProxy(DELAY)
 proxy.hold = True
 api = through(proxy, "api-cold-silent", CONNECTIONS, connect_timeout=2)
 Kore.start(api, lambda: request(api.port, "GET", "/healthz", timeout=3).status == 503)
@@ -148,7 +91,7 @@ for _ in range(5):
         slow.append((h, round(took, 2)))
 t.ok(not slow, "a database that does not answer: the worker serves at once, every "
      "/healthz a 503 within a second", slow)
-proxy.hold = False
+proxy.restore()
 wait_until(lambda: request(api.port, "GET", "/healthz", timeout=3).status == 200,
            "the worker to serve once the database answers")
 t.eq(api.post("/v1/orders", {"customer_id": "c-cold-late", "amount": 100,

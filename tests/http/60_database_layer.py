@@ -11,14 +11,15 @@ bounds it, connection counts, the server's log."""
 import os
 import signal
 import socket
+import subprocess
 import sys
 import threading
 import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "lib"))
-from harness import (DB_URL, Api, Background, Kore, PsqlSession, Tap,  # noqa: E402
-                     cluster, concurrently, free_port, new_key, quote, request,
-                     sql, sql_value, wait_until)
+from harness import (DB_URL, ROOT, Api, Background, DbProxy, Kore, PsqlSession,  # noqa: E402
+                     Tap, cluster, concurrently, new_key, quote, request, sql,
+                     sql_value, wait_until)
 
 t = Tap()
 PGPORT = int(os.environ["IDEM_TEST_PGPORT"])
@@ -205,76 +206,8 @@ def bursts_hold_the_formula():
 
 # --- an address that accepts and never answers ----------------------------
 
-class Proxy:
-    """A TCP proxy to PostgreSQL that can turn into a black hole: its
-    connections cut, new ones accepted and never answered."""
-
-    def __init__(self):
-        self.sock = socket.socket()
-        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        self.sock.bind(("127.0.0.1", free_port()))
-        self.sock.listen(256)
-        self.port = self.sock.getsockname()[1]
-        self.hole = False
-        self.lock = threading.Lock()
-        self.open = []
-        self.held = []
-        threading.Thread(target=self._accept, daemon=True).start()
-
-    def _accept(self):
-        while True:
-            client, _ = self.sock.accept()
-            with self.lock:
-                if self.hole:
-                    self.held.append(client)
-                    continue
-            try:
-                server = socket.create_connection(("127.0.0.1", PGPORT), timeout=5)
-                server.settimeout(None)
-            except OSError:
-                client.close()
-                continue
-            with self.lock:
-                self.open.extend([client, server])
-            for a, b in ((client, server), (server, client)):
-                threading.Thread(target=self._pump, args=(a, b), daemon=True).start()
-
-    @staticmethod
-    def _pump(src, dst):
-        try:
-            while True:
-                data = src.recv(65536)
-                if not data:
-                    break
-                dst.sendall(data)
-        except OSError:
-            pass
-        for s in (src, dst):
-            try:
-                s.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
-
-    def black_hole(self):
-        with self.lock:
-            self.hole = True
-            for s in self.open:
-                try:
-                    s.shutdown(socket.SHUT_RDWR)
-                except OSError:
-                    pass
-            self.open = []
-
-    def restore(self):
-        with self.lock:
-            self.hole = False
-            for s in self.held:
-                s.close()
-            self.held = []
-
-
 def database_address_never_answers():
-    proxy = Proxy()
+    proxy = DbProxy()
     timeout_ms = 2000
     api = api_with("api-db-hole", IDEM_DB_TIMEOUT_MS=timeout_ms,
                    database_url=f"host=127.0.0.1 port={proxy.port} dbname={DB} "
@@ -440,10 +373,41 @@ def permanent_refusals_named():
         sql("drop database if exists idem_unmigrated")
 
 
+# --- a migration makes a prepared statement stale ---------------------------
+
+def stale_prepared_statement():
+    """Each statement is prepared once per connection. A migration that
+    changes a function's result type makes PostgreSQL refuse the prepared
+    statement ("cached plan must not change result type"): the service
+    prepares it again and the call succeeds."""
+    api = api_with("api-db-stale").start()
+    for _ in range(3):
+        request(api.port, "GET", "/healthz")
+    swap = ("begin; drop function idem_standby(); create function idem_standby() "
+            "returns {t} language sql stable as $$ select {v} $$; commit;")
+    try:
+        sql(swap.format(t="text", v="'no'::text"))
+        answers = [request(api.port, "GET", "/healthz").status for _ in range(3)]
+        t.eq(answers, [200] * 3, "a function's result type changed under prepared "
+             "statements: /healthz still answers 200")
+        t.ok("prepared statements are stale" in api.read_log(),
+             "the log says the statements were prepared again")
+    finally:
+        # Back as the migration makes it.
+        sql("drop function if exists idem_standby()")
+        subprocess.run(["psql", DB_URL, "-X", "-q", "-v", "ON_ERROR_STOP=1", "-f",
+                        os.path.join(ROOT, "sql", "002_transactional.sql")],
+                       check=True, capture_output=True)
+    t.eq(request(api.port, "GET", "/healthz").status, 200,
+         "and again once the function is back")
+    t.eq(order(api, "c-db-stale").status, 201, "orders are served")
+    api.stop()
+
+
 SCENARIOS = [client_leaves_while_backend_hangs, no_cancel_after_lock_timeout,
              bursts_hold_the_formula, database_address_never_answers,
              synchronous_commit_is_pinned, permanent_refusals_named,
-             restart_under_load]
+             stale_prepared_statement, restart_under_load]
 # IDEM_TEST_SCENARIO=name runs that one alone.
 for scenario in SCENARIOS:
     if os.environ.get("IDEM_TEST_SCENARIO", scenario.__name__) == scenario.__name__:

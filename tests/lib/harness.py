@@ -338,6 +338,87 @@ def free_port():
     raise RuntimeError("no free port in 20000-32000")
 
 
+class DbProxy:
+    """A TCP proxy in front of the test's PostgreSQL, for the database's bad
+    days: it waits `delay` before it passes a new connection on (a slow or
+    distant server), holds new connections without ever passing them on
+    while `hold` is set (an address that accepts and never answers), and
+    cuts the connections it passed on (black_hole())."""
+
+    def __init__(self, delay=0.0):
+        self.target = int(os.environ["IDEM_TEST_PGPORT"])
+        self.delay = delay
+        self.sock = socket.socket()
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self.sock.bind(("127.0.0.1", free_port()))
+        self.sock.listen(256)
+        self.port = self.sock.getsockname()[1]
+        self.accepted = 0
+        self.hold = False
+        self.lock = threading.Lock()
+        self.held = []
+        self.open = []
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self):
+        while True:
+            client, _ = self.sock.accept()
+            self.accepted += 1
+            threading.Thread(target=self._open, args=(client,), daemon=True).start()
+
+    def _open(self, client):
+        time.sleep(self.delay)
+        with self.lock:
+            if self.hold:
+                self.held.append(client)
+                return
+        try:
+            server = socket.create_connection(("127.0.0.1", self.target), timeout=5)
+            server.settimeout(None)
+        except OSError:
+            client.close()
+            return
+        with self.lock:
+            self.open.extend([client, server])
+        for a, b in ((client, server), (server, client)):
+            threading.Thread(target=self._pump, args=(a, b), daemon=True).start()
+
+    @staticmethod
+    def _pump(src, dst):
+        try:
+            while True:
+                data = src.recv(65536)
+                if not data:
+                    break
+                dst.sendall(data)
+        except OSError:
+            pass
+        for s in (src, dst):
+            try:
+                s.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+
+    def black_hole(self):
+        """Cuts every connection passed on and holds the new ones."""
+        with self.lock:
+            self.hold = True
+            for s in self.open:
+                try:
+                    s.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+            self.open = []
+
+    def restore(self):
+        """Passes new connections on again; the held ones are closed."""
+        with self.lock:
+            self.hold = False
+            for s in self.held:
+                s.close()
+            self.held = []
+
+
 _running = []
 
 
