@@ -80,24 +80,57 @@ def kore_cpu(k):
     return cpu_seconds(k.proc.pid) + sum(cpu_seconds(p) for p in k.workers())
 
 
+# A run is marked noisy when other processes of the machine (or the
+# hypervisor, as steal) took more than this share of its CPUs.
+NOISY_SHARE = 0.10
+
+
+def machine_cpu():
+    """CPU the whole machine spent (busy, all CPUs) and the time the
+    hypervisor took from it (steal), in seconds, from /proc/stat."""
+    with open("/proc/stat") as f:
+        v = [int(x) for x in f.readline().split()[1:9]]
+    user, nice, system, _idle, _iowait, irq, softirq, steal = v
+    return (user + nice + system + irq + softirq) / TICK, steal / TICK
+
+
+def own_cpu(client=None):
+    """This process's CPU, its reaped children's (wrk), and a client still
+    running (pgbench)."""
+    t = os.times()
+    own = t.user + t.system + t.children_user + t.children_system
+    return own + (cpu_seconds(client, children=False) if client else 0.0)
+
+
 class Meter:
     """CPU of PostgreSQL, the API and the provider, and the statements
     pg_stat_statements counted, over one measured run."""
 
-    def __init__(self, api=None, provider=None):
-        self.api, self.provider = api, provider
+    def __init__(self, api=None, provider=None, client=None):
+        self.api, self.provider, self.client = api, provider, client
 
     def __enter__(self):
         self.calls = statements()
         self.pg = pg_cpu()
         self.kore = kore_cpu(self.api) if self.api else 0.0
         self.prov = kore_cpu(self.provider) if self.provider else 0.0
+        self.own = own_cpu(self.client)
+        self.busy, self.steal = machine_cpu()
+        self.started = time.monotonic()
         return self
 
     def __exit__(self, *exc):
+        busy, steal = machine_cpu()
+        elapsed = time.monotonic() - self.started
         self.pg = pg_cpu() - self.pg
         self.kore = (kore_cpu(self.api) - self.kore) if self.api else None
         self.prov = (kore_cpu(self.provider) - self.prov) if self.provider else None
+        self.own = own_cpu(self.client) - self.own
+        # What the run's own processes did not spend of the machine's
+        # busy time, and steal: others' share of the CPUs over the run.
+        ours = self.pg + (self.kore or 0.0) + (self.prov or 0.0) + self.own
+        self.foreign = max(0.0, (busy - self.busy) - ours + (steal - self.steal)) / \
+            (elapsed * os.cpu_count())
         # The query that read the count before is counted in it now.
         self.calls = statements() - self.calls - 1
 
@@ -141,6 +174,7 @@ def per_request(r, m, n):
     r["api_us"] = m.kore / n * 1e6 if m.kore is not None else None
     r["prov_us"] = m.prov / n * 1e6 if m.prov is not None else None
     r["statements"] = m.calls / n
+    r["foreign"] = m.foreign
     return r
 
 
@@ -194,7 +228,7 @@ def pgbench(script, mode="extended", seconds=SECONDS):
             " where application_name = 'pgbench'")) < CONNECTIONS:
         time.sleep(0.05)
     time.sleep(WARMUP)
-    with Meter() as m:
+    with Meter(client=proc.pid) as m:
         started = time.time()
         try:
             proc.wait(seconds)
@@ -305,9 +339,10 @@ def num(v, fmt):
 
 def row(name, r, floor=None):
     ratio = f"{r['rps'] / floor['rps']:.2f}" if floor else ""
+    noisy = " **noisy**" if r["foreign"] > NOISY_SHARE else ""
     return (f"| {name} | {r['rps']:,.0f} | {r['p50']:.2f} | {r['p99']:.2f} | {ratio} "
             f"| {r['pg_us']:,.0f} | {num(r['api_us'], ',.0f')} "
-            f"| {r['statements']:.2f} |")
+            f"| {r['statements']:.2f} | {100 * r['foreign']:.0f}%{noisy} |")
 
 
 def target(ok, text):
@@ -421,8 +456,8 @@ def main():
         machine(),
         "",
         "| run | req/s | p50 ms | p99 ms | ratio to floor | PostgreSQL CPU µs/req"
-        " | API CPU µs/req | statements/req |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|",
+        " | API CPU µs/req | statements/req | others' CPU |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
         row("floor: the rows of a fresh order in one statement, prepared", floor),
         row("informative: the same statement, extended protocol (planned every time)",
             R["floor_fresh_ext"], floor),
@@ -443,6 +478,11 @@ def main():
         "",
         "statements/req: top-level statements per request or transaction"
         " (pg_stat_statements calls over the run, the API's background jobs included)."
+        " others' CPU: the share of the machine's CPUs that other processes and the"
+        " hypervisor (steal) took during the run, from /proc/stat less the run's own"
+        f" processes (the cluster, the API, the provider, wrk or pgbench, this script);"
+        f" above {100 * NOISY_SHARE:.0f}% the run is marked noisy and its figures are"
+        " not a quiet machine's."
         f" The fake provider spent {pay['prov_us']:,.0f} µs of CPU per fresh payment.",
         "",
         f"Statements per fresh order at every level (pg_stat_statements.track = all,"

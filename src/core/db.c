@@ -85,6 +85,10 @@
 /* The same failure is logged at most this often per pool. */
 #define DB_LOG_INTERVAL_MS	10000
 
+/* application_name of the connections, unless IDEM_DATABASE_URL names one. */
+#define DB_APPLICATION_API	"idem-api"
+#define DB_APPLICATION_PROVIDER	"idem-fake-provider"
+
 /* Distinct statements prepared on each connection (a bit each). */
 #define DB_STATEMENTS_MAX	64
 
@@ -390,6 +394,7 @@ db_call_step(struct db_call *c, const char *query, int nparams,
 			 */
 			if (pool->failing && pool_open_count(pool) == 0) {
 				if (pool->cause == CAUSE_MISCONFIGURED) {
+					c->refused = 1;
 					c->error = DB_ERROR_MISCONFIGURED;
 					call_message(c, pool->why);
 					return (call_fail(c));
@@ -701,16 +706,19 @@ call_fail(struct db_call *c)
 	/*
 	 * A duplicate that found its key committed by a concurrent first
 	 * attempt is rolled back as expected, and its caller replays: not a
-	 * database error.
+	 * database error. A call failed because its pool cannot connect is
+	 * counted but not logged: the pool says why once per
+	 * DB_LOG_INTERVAL_MS (pool_log()).
 	 */
-	if (!c->key_taken && !c->client_gone) {
+	if (!c->key_taken && !c->client_gone && !c->refused) {
 		kore_log(c->error == DB_ERROR_MISCONFIGURED ? LOG_ERR :
 		    LOG_NOTICE, "database call failed (%s): %.*s",
 		    c->timed_out ? "timeout" : state != NULL ? state :
 		    c->error == DB_ERROR_UNCONFIRMED ? "unconfirmed" :
 		    "no sqlstate", (int)len, msg);
-		metrics_db_error();
 	}
+	if (!c->key_taken && !c->client_gone)
+		metrics_db_error();
 
 	if (c->result != NULL) {
 		PQclear(c->result);
@@ -1085,6 +1093,7 @@ pool_fail_waiters(struct db_pool *pool)
 
 	while ((c = TAILQ_FIRST(&pool->waiting)) != NULL) {
 		TAILQ_REMOVE(&pool->waiting, c, queue);
+		c->refused = 1;
 		c->error = pool->cause == CAUSE_MISCONFIGURED ?
 		    DB_ERROR_MISCONFIGURED : DB_ERROR_UNAVAILABLE;
 		call_message(c, pool->why);
@@ -1537,6 +1546,7 @@ dsn_rotated(PQconninfoOption *opts, u_int32_t k, const char *url)
 	struct kore_buf		buf, list;
 	char			settings_opts[512], *dsn;
 	const char		*user;
+	int			named;
 
 	(void)snprintf(settings_opts, sizeof(settings_opts),
 	    "-c statement_timeout=%u -c lock_timeout=%u "
@@ -1550,9 +1560,12 @@ dsn_rotated(PQconninfoOption *opts, u_int32_t k, const char *url)
 
 	kore_buf_init(&buf, 256);
 	user = NULL;
+	named = 0;
 	for (o = opts; o->keyword != NULL; o++) {
 		if (o->val == NULL || *o->val == '\0')
 			continue;
+		if (!strcmp(o->keyword, "application_name"))
+			named = 1;
 		if (!strcmp(o->keyword, "options")) {
 			user = o->val;
 			continue;
@@ -1568,6 +1581,13 @@ dsn_rotated(PQconninfoOption *opts, u_int32_t k, const char *url)
 			continue;
 		}
 		dsn_append(&buf, o->keyword, o->val);
+	}
+
+	/* The service's connections are named, unless the URL names them. */
+	if (!named) {
+		dsn_append(&buf, "application_name",
+		    kore_server_lookup("api") != NULL ? DB_APPLICATION_API :
+		    DB_APPLICATION_PROVIDER);
 	}
 
 	kore_buf_appendf(&buf, "options='");

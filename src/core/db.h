@@ -83,6 +83,7 @@ struct db_call {
 	char			sqlstate[6];
 	int			key_taken;
 	int			client_gone;
+	int			refused;
 	int			replans;
 	int			sent;
 	int			timed_out;

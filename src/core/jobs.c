@@ -69,8 +69,12 @@ job_query(struct job *job, const char *query, int nparams,
 	case DB_CALL_PENDING:
 		return (JOB_WAIT);
 	case DB_CALL_FAILED:
-		kore_log(LOG_NOTICE, "%s: database call failed; retrying in "
-		    "%lu s", job->name, (unsigned long)(job->interval_ms / 1000));
+		/* A pool that cannot connect says so itself (db.c). */
+		if (!job->db.refused) {
+			kore_log(LOG_NOTICE, "%s: database call failed; "
+			    "retrying in %lu s", job->name,
+			    (unsigned long)(job->interval_ms / 1000));
+		}
 		return (JOB_DONE);
 	default:
 		return (JOB_NEXT);

@@ -180,6 +180,15 @@ def no_cancel_after_lock_timeout():
 
 # --- bursts do not grow the pools ------------------------------------------
 
+def connections_are_named():
+    api = api_with("api-db-named", database_url=DB_URL).start()
+    wait_until(lambda: connections("idem-api") == FORMULA_ONE_WORKER,
+               f"{FORMULA_ONE_WORKER} connections named idem-api")
+    t.eq(connections("idem-api"), FORMULA_ONE_WORKER,
+         "a URL without application_name: the connections are named idem-api")
+    api.stop()
+
+
 def bursts_hold_the_formula():
     api = api_with("api-db-burst", workers=2).start()
     formula = 2 * (CONN_MAX + 1 + 2) + 3
@@ -329,6 +338,11 @@ def refused(name, database_url, cause, words):
     log = api.read_log()
     t.ok(cause in log and words in log, f"{cause}: the log says it in the server's words",
          [l for l in log.splitlines() if "database" in l][-3:])
+    # Once per pool and interval, not once per call (the jobs call every
+    # second, /healthz and the order above once each).
+    t.ok("database call failed" not in log and "retrying in" not in log,
+         f"{cause}: no line per failed call", [l for l in log.splitlines()
+                                               if "failed" in l][:3])
     api.stop()
 
 
@@ -405,7 +419,7 @@ def stale_prepared_statement():
 
 
 SCENARIOS = [client_leaves_while_backend_hangs, no_cancel_after_lock_timeout,
-             bursts_hold_the_formula, database_address_never_answers,
+             connections_are_named, bursts_hold_the_formula, database_address_never_answers,
              synchronous_commit_is_pinned, permanent_refusals_named,
              stale_prepared_statement, restart_under_load]
 # IDEM_TEST_SCENARIO=name runs that one alone.
