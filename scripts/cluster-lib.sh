@@ -254,6 +254,33 @@ cluster_schema() {
 	load_dev_data "$(cluster_provider_database_url)" >/dev/null
 }
 
+# A later start, from whatever state the last run left (a switch-over, a
+# failover, a node that was down): the node the monitor holds for the
+# primary starts first, and the other follows it once it serves. Started
+# together, the standby tried to follow a primary that was not up, and
+# the start ended with no primary.
+cluster_nodes_restart() {
+	local first second i s
+	first=$(monitor_sql "select nodename from pgautofailover.node
+	    order by (goalstate in ('primary', 'wait_primary', 'single'))
+	    desc, (reportedstate in ('primary', 'wait_primary', 'single'))
+	    desc, nodeid limit 1")
+	[ -n "$first" ] || first=node1
+	if [ "$first" = node1 ]; then second=node2; else second=node1; fi
+	echo "starting $first first (the monitor's primary), then $second"
+	node_start "$first"
+	for i in $(seq 1 240); do
+		s=$(node_state "$first")
+		case "$s" in
+		primary|wait_primary|single) break ;;
+		esac
+		[ $((i % 20)) -ne 0 ] ||
+		    echo "waiting for $first to serve as the primary (it is ${s:-not reporting})"
+		sleep 0.5
+	done
+	node_start "$second"
+}
+
 # Starts the monitor and both nodes and waits for a primary and a
 # synchronous standby.
 cluster_databases_start() {
@@ -267,11 +294,16 @@ cluster_databases_start() {
 	fi
 
 	monitor_start
-	node_start node1
-	if [ ! -f "$CLUSTER_DIR/node2/PG_VERSION" ]; then
-		wait_node_state node1 single 120
+	if [ -f "$CLUSTER_DIR/node1/PG_VERSION" ] &&
+	    [ -f "$CLUSTER_DIR/node2/PG_VERSION" ]; then
+		cluster_nodes_restart
+	else
+		node_start node1
+		if [ ! -f "$CLUSTER_DIR/node2/PG_VERSION" ]; then
+			wait_node_state node1 single 120
+		fi
+		node_start node2
 	fi
-	node_start node2
 	local i p
 	for i in $(seq 1 240); do
 		p=$(cluster_primary)
@@ -287,10 +319,18 @@ cluster_databases_start() {
 }
 
 # Stops every pg_autoctl service and the provider's database; the data
-# stays.
+# stays. The standby first, then the primary, then the monitor: with the
+# primary stopped first, the monitor could begin to promote the standby
+# while it was being stopped, and leave the next start half a failover.
 cluster_databases_stop() {
-	local name pgid i
-	for name in $CLUSTER_NODES monitor; do
+	local name pgid i primary order
+	primary=$(cluster_primary 2>/dev/null)
+	case "$primary" in
+	node1) order="node2 node1" ;;
+	node2) order="node1 node2" ;;
+	*) order=$CLUSTER_NODES ;;
+	esac
+	for name in $order monitor; do
 		autoctl_running "$name" || continue
 		pgid=$(cat "$CLUSTER_DIR/$name.pgid")
 		kill -TERM -- "-$pgid" 2>/dev/null || true
