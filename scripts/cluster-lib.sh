@@ -260,7 +260,7 @@ cluster_schema() {
 # together, the standby tried to follow a primary that was not up, and
 # the start ended with no primary.
 cluster_nodes_restart() {
-	local first second i s
+	local first second
 	first=$(monitor_sql "select nodename from pgautofailover.node
 	    order by (goalstate in ('primary', 'wait_primary', 'single'))
 	    desc, (reportedstate in ('primary', 'wait_primary', 'single'))
@@ -269,16 +269,23 @@ cluster_nodes_restart() {
 	if [ "$first" = node1 ]; then second=node2; else second=node1; fi
 	echo "starting $first first (the monitor's primary), then $second"
 	node_start "$first"
+	wait_serving "$first"
+	node_start "$second"
+}
+
+# Waits (120 s at most) for a node to serve as the primary, alone or with a
+# standby, saying what it waits for every 10 s.
+wait_serving() {
+	local i s
 	for i in $(seq 1 240); do
-		s=$(node_state "$first")
+		s=$(node_state "$1")
 		case "$s" in
-		primary|wait_primary|single) break ;;
+		primary|wait_primary|single) return 0 ;;
 		esac
 		[ $((i % 20)) -ne 0 ] ||
-		    echo "waiting for $first to serve as the primary (it is ${s:-not reporting})"
+		    echo "waiting for $1 to serve as the primary (it is ${s:-not reporting})"
 		sleep 0.5
 	done
-	node_start "$second"
 }
 
 # Starts the monitor and both nodes and waits for a primary and a
@@ -297,6 +304,12 @@ cluster_databases_start() {
 	if [ -f "$CLUSTER_DIR/node1/PG_VERSION" ] &&
 	    [ -f "$CLUSTER_DIR/node2/PG_VERSION" ]; then
 		cluster_nodes_restart
+	elif [ -f "$CLUSTER_DIR/node2/PG_VERSION" ]; then
+		# node1 was lost (scripts/cluster-node drop): node2 serves,
+		# and node1 is made anew as its standby.
+		node_start node2
+		wait_serving node2
+		node_start node1
 	else
 		node_start node1
 		if [ ! -f "$CLUSTER_DIR/node2/PG_VERSION" ]; then

@@ -5,6 +5,7 @@
  */
 
 #include <sys/types.h>
+#include <sys/prctl.h>
 
 #include <stdio.h>
 
@@ -31,8 +32,8 @@
 /*
  * Syscalls beyond Kore's own filters: libpq's stat() of ~/.pgpass and its
  * GSSAPI probe, libcurl's getpeername(), shutdown(), which libcurl may
- * use on a connection it drops, and getppid() (a worker whose parent
- * died stops: wakeup.c).
+ * use on a connection it drops, and getppid() and prctl(PR_SET_PDEATHSIG)
+ * (a worker whose parent died stops: wakeup.c).
  */
 #define APP_SYSCALLS							\
 	KORE_SYSCALL_ALLOW(shutdown),					\
@@ -41,7 +42,8 @@
 	KORE_SYSCALL_ALLOW(clone3),					\
 	KORE_SYSCALL_ALLOW(rseq),					\
 	KORE_SYSCALL_ALLOW(getpeername),				\
-	KORE_SYSCALL_ALLOW(getppid)
+	KORE_SYSCALL_ALLOW(getppid),					\
+	KORE_SYSCALL_ALLOW_ARG(prctl, 0, PR_SET_PDEATHSIG)
 
 #if defined(IDEM_SANITIZE)
 /* What the sanitizers' runtime and reports need (sanitize flavor only). */

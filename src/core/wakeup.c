@@ -12,13 +12,15 @@
  * parent, the OOM killer): Kore 4.1's workers each keep the other's
  * channel to the parent open and never see it go, and kept serving on the
  * instance's port for minutes, so that a supervisor could not start the
- * instance again (bind: address in use). The worker asks itself to quit
- * (SIGQUIT, Kore's normal stop, which cuts the requests in flight as any
- * stop of Kore 4.1 does: their clients retry with their keys) once its
- * parent is no longer the process that forked it.
+ * instance again (bind: address in use). The kernel sends the worker
+ * SIGQUIT (Kore's normal stop, which cuts the requests in flight as any
+ * stop of Kore 4.1 does: their clients retry with their keys) the moment
+ * its parent dies (PR_SET_PDEATHSIG); should the parent have died before
+ * that was set, the timer sees it within WAKEUP_MS and asks the same.
  */
 
 #include <sys/types.h>
+#include <sys/prctl.h>
 
 #include <signal.h>
 #include <unistd.h>
@@ -42,6 +44,8 @@ wakeup_start(void)
 		return;
 
 	/* A reload keeps the parent; a new image asks again. */
+	if (prctl(PR_SET_PDEATHSIG, SIGQUIT) == -1)
+		kore_log(LOG_ERR, "%s: prctl: %s", __func__, errno_s);
 	parent = getppid();
 	timer = kore_timer_add(wakeup_tick, WAKEUP_MS, NULL, 0);
 }
