@@ -167,6 +167,7 @@ autoctl_crash() {
 		queue+=("${kids[@]}")
 	done
 	kill -KILL "${all[@]}" 2>/dev/null || true
+	rm -f "$CLUSTER_DIR/$1.pgid"
 }
 
 # True while the process group saved by autoctl_start has a process.
@@ -261,31 +262,36 @@ cluster_schema() {
 # the start ended with no primary.
 cluster_nodes_restart() {
 	local first second
+	# By the monitor's goal (what it last decided; a reported state is
+	# the last one before the stop): the primary, or the node it was
+	# promoting when the stop came in the middle of a failover.
 	first=$(monitor_sql "select nodename from pgautofailover.node
-	    order by (goalstate in ('primary', 'wait_primary', 'single'))
-	    desc, (reportedstate in ('primary', 'wait_primary', 'single'))
-	    desc, nodeid limit 1")
+	    order by (goalstate in ('primary', 'wait_primary', 'single',
+	    'stop_replication', 'prepare_promotion', 'report_lsn')) desc,
+	    (reportedstate in ('primary', 'wait_primary', 'single')) desc,
+	    nodeid limit 1")
 	[ -n "$first" ] || first=node1
 	if [ "$first" = node1 ]; then second=node2; else second=node1; fi
 	echo "starting $first first (the monitor's primary), then $second"
 	node_start "$first"
-	wait_serving "$first"
+	wait_serving "$first" ||
+	    echo "$first does not serve as the primary yet; starting $second"
 	node_start "$second"
 }
 
-# Waits (120 s at most) for a node to serve as the primary, alone or with a
-# standby, saying what it waits for every 10 s.
+# Waits (120 s at most) for a node's PostgreSQL to take writes, saying
+# what it waits for every 10 s; 1 if it did not.
 wait_serving() {
-	local i s
+	local i
 	for i in $(seq 1 240); do
-		s=$(node_state "$1")
-		case "$s" in
-		primary|wait_primary|single) return 0 ;;
-		esac
-		[ $((i % 20)) -ne 0 ] ||
-		    echo "waiting for $1 to serve as the primary (it is ${s:-not reporting})"
+		[ "$(psql "host=127.0.0.1 port=$(node_port "$1") dbname=postgres user=$PG_SUPERUSER sslmode=disable connect_timeout=2" \
+		    -XAtc "select not pg_is_in_recovery()" 2>/dev/null)" = t ] &&
+		    return 0
+		[ $((i % 20)) -ne 0 ] || echo "waiting for $1 to serve as the" \
+		    "primary (the monitor has it $(node_state "$1"))"
 		sleep 0.5
 	done
+	return 1
 }
 
 # Starts the monitor and both nodes and waits for a primary and a
@@ -337,7 +343,9 @@ cluster_databases_start() {
 # while it was being stopped, and leave the next start half a failover.
 cluster_databases_stop() {
 	local name pgid i primary order
-	primary=$(cluster_primary 2>/dev/null)
+	primary=$(monitor_sql "select nodename from pgautofailover.node
+	    where goalstate in ('primary', 'wait_primary', 'single') limit 1" \
+	    2>/dev/null)
 	case "$primary" in
 	node1) order="node2 node1" ;;
 	node2) order="node1 node2" ;;
@@ -351,7 +359,8 @@ cluster_databases_stop() {
 			autoctl_running "$name" || break
 			sleep 0.5
 		done
-		kill -KILL -- "-$pgid" 2>/dev/null || true
+		! autoctl_running "$name" || kill -KILL -- "-$pgid" 2>/dev/null || true
+		rm -f "$CLUSTER_DIR/$name.pgid"
 	done
 	cluster_stop "$CLUSTER_DIR/provider-db"
 }

@@ -94,6 +94,7 @@ kore_parent_configure(int argc, char **argv)
 
 	settings_load();
 	metrics_init();
+	wakeup_parent_set();
 
 	if (curl_global_init(CURL_GLOBAL_DEFAULT) != CURLE_OK)
 		fatal("curl_global_init failed");

@@ -16,13 +16,17 @@
  * SIGQUIT (Kore's normal stop, which cuts the requests in flight as any
  * stop of Kore 4.1 does: their clients retry with their keys) the moment
  * its parent dies (PR_SET_PDEATHSIG); should the parent have died before
- * that was set, the timer sees it within WAKEUP_MS and asks the same.
+ * that was set, the worker's parent is no longer the one named in
+ * WAKEUP_PARENT_ENV (set by the parent before it forks), and the timer
+ * asks the same within WAKEUP_MS.
  */
 
 #include <sys/types.h>
 #include <sys/prctl.h>
 
 #include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <unistd.h>
 
 #include <kore/kore.h>
@@ -32,21 +36,42 @@
 /* Kore's own period for checking connection timeouts. */
 #define WAKEUP_MS	500
 
+/* The parent's pid, for its workers. */
+#define WAKEUP_PARENT_ENV	"IDEM_KORE_PARENT_PID"
+
 static void	wakeup_tick(void *, u_int64_t);
 
 static struct kore_timer	*timer = NULL;
 static pid_t			parent = 0;
 
+/*
+ * In the parent, before it forks its workers.
+ */
+void
+wakeup_parent_set(void)
+{
+	char		pid[32];
+
+	(void)snprintf(pid, sizeof(pid), "%d", (int)getpid());
+	if (setenv(WAKEUP_PARENT_ENV, pid, 1) == -1)
+		fatal("%s: setenv: %s", __func__, errno_s);
+}
+
 void
 wakeup_start(void)
 {
+	const char	*env;
+
 	if (worker == NULL || timer != NULL)
 		return;
 
-	/* A reload keeps the parent; a new image asks again. */
 	if (prctl(PR_SET_PDEATHSIG, SIGQUIT) == -1)
 		kore_log(LOG_ERR, "%s: prctl: %s", __func__, errno_s);
-	parent = getppid();
+	/* The parent that forked it, even if it is gone already. */
+	if ((env = getenv(WAKEUP_PARENT_ENV)) != NULL)
+		parent = (pid_t)strtol(env, NULL, 10);
+	else
+		parent = getppid();
 	timer = kore_timer_add(wakeup_tick, WAKEUP_MS, NULL, 0);
 }
 

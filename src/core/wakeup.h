@@ -5,6 +5,7 @@
 #ifndef __H_WAKEUP_H
 #define __H_WAKEUP_H
 
+void	wakeup_parent_set(void);
 void	wakeup_start(void);
 void	wakeup_stop(void);
 
