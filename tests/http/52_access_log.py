@@ -64,6 +64,12 @@ t.eq((l["status"], l["outcome"], l["key"]), ("400", "invalid_400", quoted),
 odd = 'k"x=1 y'
 r = api.post("/v1/orders", order, key=odd, token="nope")
 t.eq(r.status, 401, "an unknown token")
+# The line is written when Kore frees the request, which may come after
+# the client has read the answer: waited for, as the lines above.
+try:
+    wait_until(lambda: 'outcome=unauthorized_401' in api.read_log(), "its line")
+except TimeoutError:
+    pass
 log = api.read_log()
 t.ok('outcome=unauthorized_401' in log and 'client=- ' in log,
      "is logged without a client", log[-600:])
