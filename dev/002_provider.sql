@@ -54,6 +54,41 @@ comment on column provider.requests.recipient is
     'The charge''s recipient, whose magic decides the answer; null for a '
     'refund of an unknown charge.';
 
+create table if not exists provider.kept_answers (
+	kind		text not null check (kind in ('charge', 'refund')),
+	idempotency_key	text not null,
+	status		int not null,
+	primary key (kind, idempotency_key)
+);
+
+comment on table provider.kept_answers is
+    'With IDEM_FAKE_PROVIDER_KEEPS_5XX=1: the 500 a key got, replayed to '
+    'every later request with that key, as Stripe API v1 does.';
+
+-- Whether a request fails with a 500: its refusal says so, or its magic
+-- recipient fails the first two keys that ask (fail-twice..., for
+-- charges; refund-fail-twice..., the charge's, for refunds), the case of
+-- an answer kept under its key that a later key gets past.
+create or replace function provider.fails(p_kind text, p_key text,
+    p_recipient text, p_refusal int)
+returns int
+language sql stable as $$
+	select case
+	    when p_refusal is not null then p_refusal
+	    when p_recipient like (case p_kind when 'charge' then 'fail-twice%'
+		else 'refund-fail-twice%' end)
+		and (select count(distinct q.idempotency_key)
+		       from provider.requests q
+		      where q.kind = p_kind and q.recipient = p_recipient
+			and q.status = 500 and q.idempotency_key <> p_key) < 2
+	    then 500 end;
+$$;
+
+drop function if exists provider.charge(text, bigint, text, text, int, int);
+drop function if exists provider.refund(text, text, bigint, int, int);
+drop function if exists provider.charges_of(text);
+drop function if exists provider.refunds_of(text);
+
 -- The four-argument charge() of databases made before the 409.
 drop function if exists provider.charge(text, bigint, text, text);
 
@@ -63,7 +98,8 @@ drop function if exists provider.charge(text, bigint, text, text);
 -- that made it still thinks, 422 for other parameters, else that charge.
 -- Every call is logged in provider.requests.
 create or replace function provider.charge(p_key text, p_amount bigint,
-    p_currency text, p_recipient text, p_refusal int, p_think_ms int)
+    p_currency text, p_recipient text, p_refusal int, p_think_ms int,
+    p_keeps boolean default false)
 returns table (status int, created boolean, charge_id text, amount bigint,
     retry_after int)
 language plpgsql as $$
@@ -72,8 +108,21 @@ declare
 begin
 	created := false;
 
-	if p_refusal is not null then
-		status := p_refusal;
+	-- A 500 kept under the key is its answer from then on.
+	select k.status into status from provider.kept_answers k
+	 where p_keeps and k.kind = 'charge' and k.idempotency_key = p_key;
+	if status is null then
+		status := provider.fails('charge', p_key, p_recipient,
+		    p_refusal);
+		if p_keeps and status >= 500 then
+			insert into provider.kept_answers
+			values ('charge', p_key, status)
+			on conflict do nothing;
+		end if;
+	end if;
+
+	if status is not null then
+		null;
 	else
 		insert into provider.charges as c (idempotency_key, amount,
 		    currency, recipient, answered_at)
@@ -112,12 +161,16 @@ begin
 end;
 $$;
 
-comment on function provider.charge(text, bigint, text, text, int, int) is
+comment on function provider.charge(text, bigint, text, text, int, int,
+    boolean) is
     'One charge request: status 201 (created, or the key''s charge again), '
     '409 with retry_after while the request that made it still thinks, 422 '
-    'for other parameters, or the refusal asked for. Logged in requests.';
+    'for other parameters, or the refusal asked for (a 500 kept under the '
+    'key with p_keeps). Logged in requests.';
 
-create or replace function provider.charges_of(p_key text)
+-- p_prefix: the charges of the key's generations too (K:2, K:3, ...).
+create or replace function provider.charges_of(p_key text,
+    p_prefix boolean default false)
 returns text
 language sql stable as $$
 	select '{"charges":[' || coalesce(string_agg(format(
@@ -126,11 +179,14 @@ language sql stable as $$
 	    to_json(c.idempotency_key), c.amount, to_json(c.currency),
 	    to_json(c.recipient), to_json(c.created_at)), ','
 	    order by c.created_at), '') || ']}'
-	  from provider.charges c where c.idempotency_key = p_key;
+	  from provider.charges c
+	 where c.idempotency_key = p_key
+	    or (p_prefix and left(c.idempotency_key, length(p_key) + 1) =
+		p_key || ':');
 $$;
 
-comment on function provider.charges_of(text) is
-    'The body of GET /v1/charges?idempotency_key=K.';
+comment on function provider.charges_of(text, boolean) is
+    'The body of GET /v1/charges?idempotency_key=K[&prefix=1].';
 
 create table if not exists provider.refunds (
 	refund_id	text primary key
@@ -157,7 +213,8 @@ comment on column provider.refunds.answered_at is
 -- charge or past what is left of it is a 400 and keeps nothing, so that
 -- the key can be used again once it would pass.
 create or replace function provider.refund(p_key text, p_charge_id text,
-    p_amount bigint, p_refusal int, p_think_ms int)
+    p_amount bigint, p_refusal int, p_think_ms int,
+    p_keeps boolean default false)
 returns table (status int, created boolean, refund_id text, charge_id text,
     amount bigint, retry_after int, detail text)
 language plpgsql as $$
@@ -174,8 +231,20 @@ begin
 	 where c.charge_id = p_charge_id
 	   for update;
 
-	if p_refusal is not null then
-		status := p_refusal;
+	select k.status into status from provider.kept_answers k
+	 where p_keeps and k.kind = 'refund' and k.idempotency_key = p_key;
+	if status is null then
+		status := provider.fails('refund', p_key, v_charge.recipient,
+		    p_refusal);
+		if p_keeps and status >= 500 then
+			insert into provider.kept_answers
+			values ('refund', p_key, status)
+			on conflict do nothing;
+		end if;
+	end if;
+
+	if status is not null then
+		null;
 	else
 		select r.* into v_refund from provider.refunds r
 		 where r.idempotency_key = p_key;
@@ -241,20 +310,24 @@ begin
 end;
 $$;
 
-comment on function provider.refund(text, text, bigint, int, int) is
+comment on function provider.refund(text, text, bigint, int, int, boolean) is
     'One refund request: status 201 (created, or the key''s refund again), '
     '409 with retry_after while the request that made it still thinks, 422 '
     'for other parameters, 400 with a detail for an unknown charge or one '
     'refunded past its amount, or the refusal asked for. Logged in requests.';
 
-create or replace function provider.refunds_of(p_key text)
+create or replace function provider.refunds_of(p_key text,
+    p_prefix boolean default false)
 returns text
 language sql stable as $$
 	select json_build_object('refunds',
 	    coalesce(json_agg(r order by r.created_at), '[]'))::text
 	  from (select refund_id, idempotency_key, charge_id, amount, created_at
-		  from provider.refunds where idempotency_key = p_key) r;
+		  from provider.refunds
+		 where idempotency_key = p_key
+		    or (p_prefix and left(idempotency_key, length(p_key) + 1) =
+			p_key || ':')) r;
 $$;
 
-comment on function provider.refunds_of(text) is
-    'The body of GET /v1/refunds?idempotency_key=K.';
+comment on function provider.refunds_of(text, boolean) is
+    'The body of GET /v1/refunds?idempotency_key=K[&prefix=1].';

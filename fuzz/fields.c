@@ -22,6 +22,7 @@ static void	check_all(struct json_value *);
 static int	expected(int, struct json_value *);
 static int	magnitude_ok(const char *);
 static int	bytes_ok(struct json_value *, size_t, size_t, int);
+static int	visible_ok(struct json_value *);
 
 int	LLVMFuzzerTestOneInput(const u_int8_t *, size_t);
 
@@ -49,7 +50,7 @@ check_all(struct json_value *v)
 
 	memset(&f, 0, sizeof(f));
 	f.name = "field";
-	for (kind = FIELD_AMOUNT; kind <= FIELD_POINTS_POSITIVE; kind++) {
+	for (kind = FIELD_AMOUNT; kind <= FIELD_TOKEN; kind++) {
 		f.kind = kind;
 		if (idem_field_check(&f, v) != expected(kind, v)) {
 			FUZZ_FAIL("kind %d: idem_field_check says %d for a "
@@ -88,9 +89,27 @@ expected(int kind, struct json_value *v)
 		return (v->type == JSON_STRING && bytes_ok(v, 1, 128, 1));
 	case FIELD_TEXT:
 		return (v->type == JSON_STRING && bytes_ok(v, 0, 1024, 0));
+	case FIELD_TOKEN:
+		return (v->type == JSON_STRING && visible_ok(v));
 	default:
 		FUZZ_FAIL("kind %d", kind);
 	}
+}
+
+/* 1 to 255 bytes, each from 0x21 to 0x7e. */
+static int
+visible_ok(struct json_value *v)
+{
+	size_t		i;
+
+	if (v->len < 1 || v->len > 255)
+		return (0);
+	for (i = 0; i < v->len; i++) {
+		if ((u_int8_t)v->str[i] < 0x21 || (u_int8_t)v->str[i] > 0x7e)
+			return (0);
+	}
+
+	return (1);
 }
 
 /* Digits without a leading zero (JSON's), from 1 to 2^53-1. */

@@ -123,6 +123,12 @@ def f_text(desc):
             "description": desc + " At most 1024 bytes of UTF-8, no NUL."}
 
 
+def f_token(desc):
+    return {"type": "string", "minLength": 1, "maxLength": 255,
+            "pattern": "^[!-~]+$",
+            "description": desc + " 1 to 255 visible ASCII characters."}
+
+
 def body(props, required, fingerprint, example):
     s = obj(props, required)
     # Fields outside the list (a client timestamp) are accepted, ignored.
@@ -206,12 +212,17 @@ SCHEMAS = {
         "recipient": f_id("Who is paid (the fake provider's magic "
                           "recipients: decline, fail, slow, reject)."),
         "purpose": f_text("Free text."),
+        "payment_method": f_token("The provider's reference to the means "
+                                  "of payment: Stripe's source, e.g. "
+                                  "tok_visa. Required when the service "
+                                  "runs with IDEM_PROVIDER_KIND=stripe "
+                                  "(a 400 before the key is taken)."),
         "sent_at": {"description": "Any value; not part of the "
                     "fingerprint."},
     }, ["amount", "currency", "recipient"],
-        ["amount", "currency", "recipient", "purpose"],
+        ["amount", "currency", "recipient", "purpose", "payment_method"],
         {"amount": 10000, "currency": "RUB", "recipient": "acc-1",
-         "purpose": "order 17"}),
+         "purpose": "order 17", "payment_method": "tok_visa"}),
     "Payment": obj({
         "payment_id": count("The payment.", 1),
         "charge_id": {"type": "string", "description": "The provider's "
@@ -410,6 +421,7 @@ LEASE = [(["card-declined"], ["card-declined"]),
          (["request-in-progress"], (), True),
          (["idempotency-key-expired"],),
          (["provider-unavailable"],),
+         (["provider-rate-limited"], (), True),
          (["provider-timeout"],)]
 
 OPERATIONS = {
@@ -483,6 +495,7 @@ OPERATIONS = {
          (["request-in-progress", "refund-in-progress"], (), True),
          (["idempotency-key-expired"],),
          (["provider-unavailable"],),
+         (["provider-rate-limited"], (), True),
          (["provider-timeout"],),
          (["refund-exceeds-payment", "refund-rejected",
            "idempotency-key-reused"], ["refund-rejected"])]),

@@ -28,6 +28,42 @@ drop function if exists payment_recover_claim(int, int, int);
 drop function if exists payment_recover_release(text, text, bigint, int,
     int);
 
+-- The generation of the derived key: 1 sends <client>:<key>, n > 1 sends
+-- <client>:<key>:<n>. It moves only from an indeterminate answer (a 5xx
+-- the provider keeps under the key and replays) once the provider has
+-- said that no operation of this key exists (lease_generation()).
+alter table idempotency_keys add column if not exists provider_generation
+    int not null default 1 check (provider_generation >= 1);
+alter table idempotency_keys add column if not exists indeterminate boolean
+    not null default false;
+
+comment on column idempotency_keys.provider_generation is
+    'Lease strategy: the generation of the provider key this key sends '
+    '(1: <client>:<key>; n: <client>:<key>:<n>). Moves only under the lease, '
+    'after a reconciliation found no operation of the earlier ones.';
+comment on column idempotency_keys.indeterminate is
+    'Lease strategy: the last answer of the provider for this generation '
+    'was indeterminate (a 5xx the provider keeps under the key): the next '
+    'attempt asks the provider whether the operation exists before it '
+    'sends anything.';
+
+-- The shapes before generations answered fewer columns: dropped once,
+-- so that these can be made with the new ones.
+do $$
+declare
+	v_fn	regprocedure;
+begin
+	for v_fn in select p.oid::regprocedure from pg_proc p
+	     where p.proname in ('lease_answer', 'lease_reserve',
+		   'lease_recover_claim')
+	       and p.pronamespace = current_schema()::regnamespace
+	       and pg_get_function_result(p.oid) not like '%generation%'
+	loop
+		execute format('drop function %s', v_fn);
+	end loop;
+end;
+$$;
+
 -- What the row of an existing key answers to another attempt: mismatch,
 -- replayed (done), in_flight (its lease holds) or expired (it may be taken
 -- over). No row when the key is new. In flight, retry_after is the seconds
@@ -37,7 +73,8 @@ drop function if exists payment_recover_release(text, text, bigint, int,
 create or replace function lease_answer(p_client text, p_key text,
     p_operation text, p_fingerprint text)
 returns table (outcome text, lease_id bigint, status_code int,
-    response text, retry_after int, request jsonb)
+    response text, retry_after int, request jsonb, generation int,
+    reconcile boolean, taken_at double precision)
 language sql stable as $$
 	select case when k.operation <> p_operation or
 		    k.fingerprint <> p_fingerprint then 'mismatch'
@@ -47,7 +84,8 @@ language sql stable as $$
 	       k.lease_id, k.status_code, k.response,
 	       greatest(1, ceil(extract(epoch from least(k.locked_until,
 		   coalesce(k.call_deadline, k.locked_until)) - now())))::int,
-	       null::jsonb
+	       null::jsonb, k.provider_generation, k.indeterminate,
+	       extract(epoch from k.created_at)::double precision
 	  from idempotency_keys k
 	 where k.client_id = p_client and k.idem_key = p_key;
 $$;
@@ -69,11 +107,15 @@ create or replace function lease_reserve(p_client text, p_key text,
     p_operation text, p_fingerprint text, p_request jsonb,
     p_lease_seconds int, p_call_ms int)
 returns table (outcome text, lease_id bigint, status_code int,
-    response text, retry_after int, request jsonb)
+    response text, retry_after int, request jsonb, generation int,
+    reconcile boolean, taken_at double precision)
 language plpgsql as $$
 declare
 	v_lease		bigint;
 	v_request	jsonb;
+	v_generation	int;
+	v_reconcile	boolean;
+	v_taken		double precision;
 	v_admit		regproc;
 	v_status	int;
 	v_response	text;
@@ -108,7 +150,9 @@ begin
 	 where k.status = 'in_progress' and k.locked_until <= now()
 	   and k.operation = excluded.operation
 	   and k.fingerprint = excluded.fingerprint
-	returning k.lease_id, k.request into v_lease, v_request;
+	returning k.lease_id, k.request, k.provider_generation, k.indeterminate,
+	    extract(epoch from k.created_at)
+	  into v_lease, v_request, v_generation, v_reconcile, v_taken;
 
 	if not found then
 		-- Another attempt took or finished the key meanwhile.
@@ -120,7 +164,8 @@ begin
 
 	if v_lease > 1 then
 		return query select 'taken_over'::text, v_lease, null::int,
-		    null::text, null::int, v_request;
+		    null::text, null::int, v_request, v_generation,
+		    v_reconcile, v_taken;
 		return;
 	end if;
 
@@ -136,7 +181,8 @@ begin
 			delete from idempotency_keys k
 			 where k.client_id = p_client and k.idem_key = p_key;
 			return query select 'refused'::text, null::bigint,
-			    v_status, v_response, v_retry, null::jsonb;
+			    v_status, v_response, v_retry, null::jsonb,
+			    null::int, null::boolean, null::double precision;
 			return;
 		end if;
 
@@ -150,13 +196,14 @@ begin
 	end if;
 
 	return query select 'reserved'::text, v_lease, null::int, null::text,
-	    null::int, v_request;
+	    null::int, v_request, v_generation, v_reconcile, v_taken;
 end;
 $$;
 
 comment on function lease_reserve(text, text, text, text, jsonb, int, int) is
     'Lease strategy, step 1: reserved or taken_over (with the lease_id that '
-    'fences this attempt and the request to send), refused (by the '
+    'fences this attempt, the request to send, the generation of the '
+    'provider key and whether it must be reconciled first), refused (by the '
     'operation''s admit: not taken), else mismatch, in_flight (with '
     'retry_after: the seconds until the holder''s provider call gives up) '
     'or replayed (with the saved response).';
@@ -290,7 +337,8 @@ comment on function lease_release(text, text, bigint) is
 create or replace function lease_recover_claim(p_after_seconds int,
     p_lease_seconds int, p_call_ms int)
 returns table (client_id text, idem_key text, lease_id bigint,
-    operation text, request jsonb)
+    operation text, request jsonb, generation int, reconcile boolean,
+    taken_at double precision)
 language sql as $$
 	-- Chosen once (see idempotency_cleanup()): as a subquery of the
 	-- update it could run again for every row and claim several keys,
@@ -314,7 +362,9 @@ language sql as $$
 	       call_deadline = now() + make_interval(secs => p_call_ms / 1000.0)
 	  from a
 	 where k.client_id = a.client_id and k.idem_key = a.idem_key
-	returning k.client_id, k.idem_key, k.lease_id, k.operation, k.request;
+	returning k.client_id, k.idem_key, k.lease_id, k.operation, k.request,
+	    k.provider_generation, k.indeterminate,
+	    extract(epoch from k.created_at)::double precision;
 $$;
 
 comment on function lease_recover_claim(int, int, int) is
@@ -354,3 +404,68 @@ comment on function lease_recover_release(text, text, bigint, int, int) is
     'releases the lease like lease_release() and puts the next attempt of '
     'the job off by min(p_cap, p_base * 2^n) seconds, doubling per failed '
     'attempt.';
+
+-- Ends an attempt without an outcome, if it still holds its lease: the
+-- lease ends now (a retry may take the key at once) and lease_id stays,
+-- so that a late worker of this attempt stays fenced. p_indeterminate
+-- marks the provider's answer indeterminate (a 5xx it keeps under the
+-- key): the next attempt reconciles before it sends anything. With
+-- p_base (the recovery job's attempts), the job's next attempt at the key
+-- waits min(p_cap, p_base * 2^n) seconds, n the attempts that failed
+-- before this one. Always one row: released false if fenced. The older
+-- lease_release(text, text, bigint) and lease_recover_release() stay for
+-- the instances of a rolling deploy that still call them.
+create or replace function lease_release(p_client text, p_key text,
+    p_lease bigint, p_indeterminate boolean, p_base int, p_cap int)
+returns table (released boolean, attempts int, wait_seconds int)
+language plpgsql as $$
+begin
+	return query
+	update idempotency_keys k
+	   set locked_until = now(),
+	       indeterminate = k.indeterminate or p_indeterminate,
+	       recovery_attempts = k.recovery_attempts +
+		   case when p_base is null then 0 else 1 end,
+	       recover_at = case when p_base is null then k.recover_at
+		   else now() + make_interval(secs => least(p_cap,
+		       p_base * power(2, least(k.recovery_attempts, 30)))) end
+	 where k.client_id = p_client and k.idem_key = p_key
+	   and k.lease_id = p_lease and k.status = 'in_progress'
+	returning true, k.recovery_attempts, coalesce(extract(epoch from
+	    k.recover_at - k.locked_until)::int, 0);
+
+	if not found then
+		return query select false, null::int, null::int;
+	end if;
+end;
+$$;
+
+comment on function lease_release(text, text, bigint, boolean, int, int) is
+    'Lease strategy, when an attempt ends without an outcome: ends the '
+    'lease now, marks the key for reconciliation if the answer was '
+    'indeterminate, and with p_base backs the recovery job off the key. '
+    'released false if fenced.';
+
+-- After a reconciliation found no operation of the key's generations:
+-- the next attempt sends the next generation of the provider key. Only
+-- under this attempt's lease, only from the generation p_generation it
+-- reconciled and only while that one is indeterminate, so that a
+-- generation is never skipped nor sent again once given up. Null if
+-- fenced or moved meanwhile.
+create or replace function lease_generation(p_client text, p_key text,
+    p_lease bigint, p_generation int)
+returns int
+language sql as $$
+	update idempotency_keys k
+	   set provider_generation = k.provider_generation + 1,
+	       indeterminate = false
+	 where k.client_id = p_client and k.idem_key = p_key
+	   and k.lease_id = p_lease and k.status = 'in_progress'
+	   and k.provider_generation = p_generation and k.indeterminate
+	returning k.provider_generation;
+$$;
+
+comment on function lease_generation(text, text, bigint, int) is
+    'Lease strategy, after a reconciliation found nothing: moves the key to '
+    'the next generation of its provider key, under the lease. Null if '
+    'fenced.';

@@ -21,6 +21,7 @@
 #include "jobs.h"
 #include "metrics.h"
 #include "problem.h"
+#include "provider.h"
 #include "provider_client.h"
 #include "reload.h"
 #include "replay_cache.h"
@@ -100,6 +101,8 @@ kore_parent_configure(int argc, char **argv)
 		fatal("curl_global_init failed");
 
 	if (kore_server_lookup("api") != NULL) {
+		/* Refuses to start with a provider that cannot be called. */
+		provider_select();
 		bind_server("api", settings.port);
 		routes_register("api");
 		problem_routes_register("api");
@@ -158,6 +161,7 @@ api_init(int state)
 	}
 	auth_init();
 	replay_cache_init();
+	provider_select();
 	provider_client_init();
 	jobs_start();
 	wakeup_start();

@@ -42,6 +42,7 @@ static const char	*field_rules[] = {
 	[FIELD_TEXT] = "a string of at most 1024 bytes without NUL",
 	[FIELD_REF] = "an integer id from 1 to 9007199254740991",
 	[FIELD_POINTS_POSITIVE] = "an integer from 1 to 9007199254740991",
+	[FIELD_TOKEN] = "a string of 1 to 255 visible ASCII characters",
 };
 
 struct idem_request *
@@ -628,6 +629,7 @@ problem_outcome(int problem)
 		return (OUTCOME_IN_FLIGHT);
 	case PROBLEM_PROVIDER_UNAVAILABLE:
 	case PROBLEM_PROVIDER_TIMEOUT:
+	case PROBLEM_PROVIDER_RATE_LIMITED:
 		return (OUTCOME_PROVIDER_ERROR);
 	case PROBLEM_DATABASE_UNAVAILABLE:
 	case PROBLEM_DATABASE_MISCONFIGURED:

@@ -30,6 +30,7 @@
 #define FIELD_TEXT		5
 #define FIELD_REF		6
 #define FIELD_POINTS_POSITIVE	7
+#define FIELD_TOKEN		8	/* 1 to 255 visible ASCII */
 
 struct idem_field {
 	const char	*name;
@@ -49,7 +50,7 @@ struct idem_field {
 #define IDEM_STATE_STRATEGY	2
 
 struct lease_call;
-struct lease_attempt;
+struct lease_flow;
 struct idem_read;
 
 /*
@@ -121,7 +122,7 @@ struct idem_request {
 	int			conflict_retries;
 
 	/* What the lease strategy keeps of the request, freed by it. */
-	struct lease_attempt	*lease;
+	struct lease_flow	*lease;
 	void			(*strategy_free)(struct idem_request *);
 };
 

@@ -15,6 +15,7 @@
 
 static int	key_parse(const char *, char *);
 static int	text_valid(const char *, size_t, size_t, size_t, int);
+static int	token_valid(const char *, size_t);
 static int	percent_decode(const char *, size_t, int, char *, size_t,
 		    size_t *);
 
@@ -108,6 +109,8 @@ idem_field_check(const struct idem_field *f, struct json_value *v)
 	case FIELD_TEXT:
 		return (v->type == JSON_STRING &&
 		    text_valid(v->str, v->len, 0, IDEM_TEXT_MAX, 0));
+	case FIELD_TOKEN:
+		return (v->type == JSON_STRING && token_valid(v->str, v->len));
 	default:
 		fatal("%s: unknown field kind %d", __func__, f->kind);
 	}
@@ -248,4 +251,21 @@ percent_decode(const char *s, size_t len, int plus, char *out,
 	*n = o;
 
 	return (KORE_RESULT_OK);
+}
+
+/* 1 to 255 visible ASCII characters (0x21 to 0x7e), as a key's. */
+static int
+token_valid(const char *s, size_t len)
+{
+	size_t		i;
+
+	if (len < 1 || len > 255)
+		return (0);
+
+	for (i = 0; i < len; i++) {
+		if (s[i] < 0x21 || s[i] > 0x7e)
+			return (0);
+	}
+
+	return (1);
 }

@@ -30,6 +30,9 @@ struct job {
 	u_int64_t		interval_ms;
 	void			(*end)(struct job *);
 
+	/* What a round keeps between its polls, freed by end(). */
+	void			*arg;
+
 	size_t			step;
 	int			running;
 	u_int64_t		next_run;

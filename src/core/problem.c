@@ -53,6 +53,8 @@ static const struct problem_type	problems[PROBLEM_MAX] = {
 	    "The database is unavailable" },
 	[PROBLEM_DATABASE_MISCONFIGURED] = { 503, "database-misconfigured",
 	    "The database refuses the service's connection or schema" },
+	[PROBLEM_PROVIDER_RATE_LIMITED] = { 503, "provider-rate-limited",
+	    "The payment provider is limiting the service's requests" },
 	[PROBLEM_NOT_FOUND] = { 404, "not-found", "No such resource" },
 	[PROBLEM_METHOD_NOT_ALLOWED] = { 405, "method-not-allowed",
 	    "Method not allowed on this resource" },

@@ -71,6 +71,7 @@ static const struct number_setting	numbers[] = {
 	    300, 0, 86400 },
 	{ "IDEM_REPLAY_CACHE_ENTRIES", &settings.replay_cache_entries,
 	    4096, 1, 65536 },
+	{ "IDEM_FAKE_PROVIDER_KEEPS_5XX", &settings.fake_keeps_5xx, 0, 0, 1 },
 };
 
 static const struct text_setting	texts[] = {
@@ -81,6 +82,8 @@ static const struct text_setting	texts[] = {
 	{ "IDEM_PROVIDER_PORT", &settings.provider_port, "8889", 5 },
 	{ "IDEM_PROVIDER_URL", &settings.provider_url, NULL, SETTINGS_URL_MAX },
 	{ "IDEM_PUBLIC_URL", &settings.public_url, NULL, SETTINGS_URL_MAX },
+	{ "IDEM_PROVIDER_KIND", &settings.provider_kind, "fake", 16 },
+	{ "IDEM_PROVIDER_SECRET", &settings.provider_secret, NULL, 512 },
 };
 
 /*
@@ -119,6 +122,21 @@ settings_load(void)
 	}
 
 	check_url("IDEM_PROVIDER_URL", settings.provider_url);
+
+	/* The providers of src/lease/provider.c. */
+	if (strcmp(settings.provider_kind, "fake") &&
+	    strcmp(settings.provider_kind, "stripe")) {
+		fatal("IDEM_PROVIDER_KIND=%s: expected fake or stripe",
+		    settings.provider_kind);
+	}
+	if (!strcmp(settings.provider_kind, "stripe") &&
+	    settings.provider_secret == NULL) {
+		fatal("IDEM_PROVIDER_KIND=stripe needs IDEM_PROVIDER_SECRET "
+		    "(the account's secret key, sk_...)");
+	}
+	if (settings.provider_secret != NULL &&
+	    strpbrk(settings.provider_secret, "\r\n") != NULL)
+		fatal("IDEM_PROVIDER_SECRET: one line expected");
 	check_url("IDEM_PUBLIC_URL", settings.public_url);
 
 	/*

@@ -14,6 +14,8 @@ struct settings {
 	char		*provider_port;
 	char		*provider_url;
 	char		*public_url;
+	char		*provider_kind;
+	char		*provider_secret;
 	u_int32_t	provider_timeout_ms;
 	u_int32_t	provider_latency_ms;
 	u_int32_t	lease_seconds;
@@ -28,6 +30,7 @@ struct settings {
 	u_int32_t	recovery_backoff_max_seconds;
 	u_int32_t	replay_cache_seconds;
 	u_int32_t	replay_cache_entries;
+	u_int32_t	fake_keeps_5xx;
 	int		loaded;
 };
 

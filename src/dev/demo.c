@@ -50,9 +50,6 @@ static void	naive_free(struct idem_request *);
 
 /* A new random provider key on every attempt. */
 static const struct lease_call	fresh_key_call = {
-	.path = "/v1/charges",
-	.members = { "amount", "currency", "recipient" },
-	.id = "charge_id",
 	.noun = "payment",
 	.declined = PROBLEM_CARD_DECLINED,
 	.rejected = PROBLEM_PAYMENT_REJECTED,
@@ -121,8 +118,8 @@ naive_decide(struct http_request *req)
 		return (idem_respond_row(req, 1));
 
 	idem_db_reset(r);
-	lease_attempt_init(r->lease, &fresh_key_call, r->client_id, r->key,
-	    "0");
+	lease_attempt_init(&r->lease->attempt, &fresh_key_call,
+	    "demo.fresh-provider-key", r->client_id, r->key, "0", 1);
 	req->fsm_state = NAIVE_STATE_CALL;
 
 	return (HTTP_STATE_CONTINUE);
@@ -133,7 +130,8 @@ naive_call(struct http_request *req)
 {
 	struct idem_request	*r = http_state_get(req);
 
-	if (!lease_attempt_call(r->lease, (const char *)r->request.data,
+	if (!lease_attempt_call(&r->lease->attempt,
+	    (const char *)r->request.data,
 	    r->request.offset, req)) {
 		http_request_sleep(req);
 		return (HTTP_STATE_RETRY);
@@ -147,7 +145,7 @@ static int
 naive_save(struct http_request *req)
 {
 	struct idem_request	*r = http_state_get(req);
-	struct lease_attempt	*a = r->lease;
+	struct lease_attempt	*a = &r->lease->attempt;
 	struct kore_buf		problem;
 	const char		*params[5];
 	int			code;
@@ -184,7 +182,7 @@ naive_respond(struct http_request *req)
 static void
 naive_free(struct idem_request *r)
 {
-	lease_attempt_cleanup(r->lease);
+	lease_attempt_cleanup(&r->lease->attempt);
 	kore_free(r->lease);
 	r->lease = NULL;
 }

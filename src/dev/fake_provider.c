@@ -41,12 +41,13 @@
 
 #define CHARGE_SQL							\
 	"SELECT * FROM "						\
-	"provider.charge($1, $2::bigint, $3, $4, $5::int, $6::int)"
-#define CHARGES_OF_SQL		"SELECT provider.charges_of($1)"
+	"provider.charge($1, $2::bigint, $3, $4, $5::int, $6::int, $7::boolean)"
+#define CHARGES_OF_SQL		"SELECT provider.charges_of($1, $2::boolean)"
 
 #define REFUND_SQL							\
-	"SELECT * FROM provider.refund($1, $2, $3::bigint, $4::int, $5::int)"
-#define REFUNDS_OF_SQL		"SELECT provider.refunds_of($1)"
+	"SELECT * FROM provider.refund($1, $2, $3::bigint, $4::int, $5::int, "	\
+	"$6::boolean)"
+#define REFUNDS_OF_SQL		"SELECT provider.refunds_of($1, $2::boolean)"
 #define REFUND_RECIPIENT_SQL						\
 	"SELECT recipient FROM provider.charges WHERE charge_id = $1"
 
@@ -364,7 +365,7 @@ static int
 post_record(struct http_request *req)
 {
 	struct provider_request	*p = http_state_get(req);
-	const char		*params[FIELDS_MAX + 3];
+	const char		*params[FIELDS_MAX + 4];
 	char			refusal[8], think[24];
 	int			i, n;
 
@@ -380,6 +381,7 @@ post_record(struct http_request *req)
 		params[n++] = p->args[i];
 	params[n++] = p->refusal != NULL ? refusal : NULL;
 	params[n++] = think;
+	params[n++] = settings.fake_keeps_5xx ? "t" : "f";
 
 	switch (db_call_step(&p->db, p->kind->record_sql, n, params)) {
 	case DB_CALL_PENDING:
@@ -452,6 +454,12 @@ post_respond(struct http_request *req)
 		    "Idempotency-Key is still being processed; retry in %s s",
 		    retry_after);
 		break;
+	case HTTP_STATUS_INTERNAL_ERROR:
+		/* fail-twice..., or a 500 kept under the key. */
+		problem_respond(req, PROBLEM_INTERNAL, "the provider failed "
+		    "(test recipient \"%s\", or the 500 kept under this key)",
+		    p->recipient);
+		break;
 	case HTTP_STATUS_BAD_REQUEST:
 		/* A refund's own: an unknown charge, or past its amount. */
 		problem_respond(req, PROBLEM_INVALID_REQUEST, "%s",
@@ -482,13 +490,16 @@ post_respond_created(struct http_request *req, struct provider_request *p)
 	kore_buf_cleanup(&buf);
 }
 
-/* GET ?idempotency_key=K: every charge or refund made under K. */
+/*
+ * GET ?idempotency_key=K: every charge or refund made under K; with
+ * &prefix=1 under its generations K:2, K:3, ... too.
+ */
 static int
 list(struct http_request *req)
 {
 	struct provider_request	*p = http_state_get(req);
-	const char		*params[1];
-	char			*key;
+	const char		*params[2];
+	char			*key, *prefix;
 
 	if (TAILQ_EMPTY(&req->arguments))
 		http_populate_get(req);
@@ -499,7 +510,9 @@ list(struct http_request *req)
 	}
 
 	params[0] = key;
-	switch (db_call_step(&p->db, p->kind->list_sql, 1, params)) {
+	params[1] = http_argument_get_string(req, "prefix", &prefix) &&
+	    !strcmp(prefix, "1") ? "t" : "f";
+	switch (db_call_step(&p->db, p->kind->list_sql, 2, params)) {
 	case DB_CALL_PENDING:
 		return (KORE_RESULT_RETRY);
 	case DB_CALL_FAILED:

@@ -5,14 +5,21 @@
  * with a key derived from the client's; the outcome is saved only while
  * the lease is still this attempt's. SQL: sql/003_lease.sql.
  *
- *   authenticate -> admit -> reserve -> decide -> call (provider)
- *     -> settle (complete | release) -> respond
+ * One flow of named states, run by a client's request and by the recovery
+ * job alike (lease_states below; a new step is one row):
  *
- * What an operation adds is data: its provider call (struct lease_call)
- * and its SQL (the run function that saves an outcome, an optional admit
- * function). What each answer of the provider does is the one table of
- * provider_answer.c. No database connection or transaction is held
- * during the provider call.
+ *   reserve (a request) | claim (the job)
+ *     -> decide -> [reconcile -> generation] -> call
+ *     -> settle (complete) | release
+ *
+ * reconcile runs when the key's last answer was indeterminate (a 5xx the
+ * provider keeps under the key and replays, as Stripe does): the provider
+ * is asked whether an operation of the key exists, matched on the derived
+ * key it was sent as metadata; if one does, it is the outcome (settle); if
+ * none does, the key moves to the next generation of its derived key
+ * (<client>:<key>:<n>) under the lease, and that is sent. What each
+ * provider answer does is its provider's table (provider.c). No database
+ * connection or transaction is held during a provider call.
  */
 
 #include <sys/types.h>
@@ -20,6 +27,7 @@
 #include <openssl/rand.h>
 
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include <kore/kore.h>
@@ -33,41 +41,93 @@
 
 #define LEASE_RESERVE_SQL						\
 	"SELECT outcome, lease_id, status_code, response, retry_after, "	\
-	"request FROM lease_reserve($1, $2, $3, $4, $5::jsonb, $6::int, "	\
-	"$7::int)"
+	"request, generation, reconcile, taken_at FROM lease_reserve($1, "	\
+	"$2, $3, $4, $5::jsonb, $6::int, $7::int)"
+
+#define LEASE_CLAIM_SQL							\
+	"SELECT client_id, idem_key, lease_id, operation, request, "	\
+	"generation, reconcile, taken_at FROM "				\
+	"lease_recover_claim($1::int, $2::int, $3::int)"
+
+#define LEASE_GENERATION_SQL						\
+	"SELECT lease_generation($1, $2, $3::bigint, $4::int) AS generation"
 
 #define LEASE_COMPLETE_SQL						\
 	"SELECT outcome, status_code, response, status FROM "		\
 	"lease_complete($1, $2, $3::bigint, $4, $5::int, $6)"
 
 #define LEASE_RELEASE_SQL						\
-	"SELECT lease_release($1, $2, $3::bigint) AS released"
+	"SELECT released, attempts, wait_seconds FROM lease_release($1, "	\
+	"$2, $3::bigint, $4::boolean, $5::int, $6::int)"
 
-#define LEASE_STATE_RESERVE	IDEM_STATE_STRATEGY
-#define LEASE_STATE_DECIDE	(IDEM_STATE_STRATEGY + 1)
-#define LEASE_STATE_CALL	(IDEM_STATE_STRATEGY + 2)
-#define LEASE_STATE_SETTLE	(IDEM_STATE_STRATEGY + 3)
-#define LEASE_STATE_RESPOND	(IDEM_STATE_STRATEGY + 4)
+/* A reconciliation reads at most this many pages of 100 of a list. */
+#define RECONCILE_PAGES_MAX	20
 
-static int	lease_reserve(struct http_request *);
-static int	lease_decide(struct http_request *);
-static int	lease_call(struct http_request *);
-static int	lease_settle(struct http_request *);
+/*
+ * A listing by creation time starts this long before the key was taken:
+ * the provider's clock is not ours.
+ */
+#define RECONCILE_CLOCK_SLACK	300
+
+/* What a list said. */
+#define LISTED_NONE		1
+#define LISTED_FOUND		2
+#define LISTED_PENDING		3
+#define LISTED_MORE		4
+#define LISTED_FAILED		5
+
+/* The request path's states (http_state_run). */
+#define LEASE_STATE_FLOW	IDEM_STATE_STRATEGY
+#define LEASE_STATE_RESPOND	(IDEM_STATE_STRATEGY + 1)
+
+struct lease_state {
+	const char	*name;
+	int		(*run)(struct lease_flow *);
+};
+
+static int	flow_reserve(struct lease_flow *);
+static int	flow_claim(struct lease_flow *);
+static int	flow_decide(struct lease_flow *);
+static int	flow_reconcile(struct lease_flow *);
+static int	flow_generation(struct lease_flow *);
+static int	flow_call(struct lease_flow *);
+static int	flow_settle(struct lease_flow *);
+static int	flow_release(struct lease_flow *);
+static int	flow_query(struct lease_flow *, const char *, int,
+		    const char **);
+static void	flow_db_reset(struct lease_flow *);
+static int	listed(struct lease_flow *);
+static void	list_path(struct kore_buf *, struct lease_flow *);
+static int	generation_of(const struct lease_attempt *, const char *,
+		    size_t);
+
+static int	lease_flow_step(struct http_request *);
 static int	lease_respond(struct http_request *);
+static int	lease_respond_answered(struct http_request *);
+static int	lease_respond_released(struct http_request *);
 static int	lease_respond_unsaved(struct http_request *);
 static int	lease_respond_fenced(struct http_request *);
 static void	lease_request_free(struct idem_request *);
-static void	provider_body(struct kore_buf *, const struct lease_call *,
-		    const char *, size_t);
-static void	provider_key(struct lease_attempt *);
+static void	provider_key(const struct lease_attempt *, u_int32_t, char *,
+		    size_t);
 
-static struct http_state	lease_states[] = {
+static const struct lease_state	lease_states[LEASE_STATES] = {
+	[LEASE_RESERVE] = { "reserve: take the key", flow_reserve },
+	[LEASE_CLAIM] = { "claim an abandoned key", flow_claim },
+	[LEASE_DECIDE] = { "decide from the key's row", flow_decide },
+	[LEASE_RECONCILE] = { "reconcile: ask the provider whether the "
+	    "operation exists", flow_reconcile },
+	[LEASE_GENERATION] = { "take the next generation of the derived key",
+	    flow_generation },
+	[LEASE_CALL] = { "call the provider", flow_call },
+	[LEASE_SETTLE] = { "settle: save the outcome", flow_settle },
+	[LEASE_RELEASE] = { "release the lease", flow_release },
+};
+
+static struct http_state	lease_http_states[] = {
 	KORE_HTTP_STATE(idem_authenticate),
 	KORE_HTTP_STATE(idem_admit),
-	KORE_HTTP_STATE(lease_reserve),
-	KORE_HTTP_STATE(lease_decide),
-	KORE_HTTP_STATE(lease_call),
-	KORE_HTTP_STATE(lease_settle),
+	KORE_HTTP_STATE(lease_flow_step),
 	KORE_HTTP_STATE(lease_respond),
 };
 
@@ -81,14 +141,14 @@ lease_run(struct http_request *req)
 		r->strategy_free = lease_request_free;
 	}
 
-	return (http_state_run(lease_states,
-	    sizeof(lease_states) / sizeof(lease_states[0]), req));
+	return (http_state_run(lease_http_states,
+	    sizeof(lease_http_states) / sizeof(lease_http_states[0]), req));
 }
 
 /*
- * The operation's problem for a refusal of the provider: the table of
- * provider_answer.c names a payment's (card-declined, payment-rejected),
- * which an operation maps to its own.
+ * The operation's problem for a refusal of the provider: the provider's
+ * table names a payment's (card-declined, payment-rejected), which an
+ * operation maps to its own.
  */
 int
 lease_problem(const struct lease_attempt *a)
@@ -103,33 +163,91 @@ lease_problem(const struct lease_attempt *a)
 	}
 }
 
-void
-lease_attempt_init(struct lease_attempt *a, const struct lease_call *call,
-    const char *client, const char *key, const char *lease)
+const char *
+lease_state_name(int state)
 {
-	a->call = call;
-	(void)kore_strlcpy(a->client_id, client, sizeof(a->client_id));
-	(void)kore_strlcpy(a->key, key, sizeof(a->key));
-	(void)kore_strlcpy(a->lease_id, lease, sizeof(a->lease_id));
+	return (lease_states[state].name);
 }
 
 /*
- * Calls the provider with the members of the saved request the operation
- * sends; true once the answer is in and classified. A request sleeps
- * until then, a job polls.
+ * A flow starting at state (LEASE_RESERVE for a request, LEASE_CLAIM for
+ * the job), with the database call it runs its statements on.
+ */
+void
+lease_flow_init(struct lease_flow *f, int state, struct http_request *req,
+    struct db_call *db, int *db_active)
+{
+	memset(f, 0, sizeof(*f));
+	f->state = state;
+	f->req = req;
+	f->db = db;
+	f->db_active = db_active;
+	kore_buf_init(&f->request, 256);
+}
+
+/*
+ * Runs the flow's states until one waits or the flow ends. A state
+ * returns LEASE_NEXT once it moved f->state.
+ */
+int
+lease_flow_run(struct lease_flow *f)
+{
+	int		ret;
+
+	for (;;) {
+		if (f->state < 0 || f->state >= LEASE_STATES)
+			fatal("%s: no state %d", __func__, f->state);
+		ret = lease_states[f->state].run(f);
+		if (ret != LEASE_NEXT)
+			return (ret);
+	}
+}
+
+void
+lease_flow_cleanup(struct lease_flow *f)
+{
+	lease_attempt_cleanup(&f->attempt);
+	kore_buf_cleanup(&f->request);
+}
+
+void
+lease_attempt_init(struct lease_attempt *a, const struct lease_call *call,
+    const char *operation, const char *client, const char *key,
+    const char *lease, u_int32_t generation)
+{
+	a->call = call;
+	if ((a->op = provider_op(operation)) == NULL)
+		fatal("%s: provider %s has no call for %s", __func__,
+		    provider->kind, operation);
+	(void)kore_strlcpy(a->client_id, client, sizeof(a->client_id));
+	(void)kore_strlcpy(a->key, key, sizeof(a->key));
+	(void)kore_strlcpy(a->lease_id, lease, sizeof(a->lease_id));
+	a->generation = generation > 0 ? generation : 1;
+}
+
+/*
+ * Calls the provider with the saved request as the provider takes it;
+ * true once the answer is in and classified. A request sleeps until
+ * then, a job polls.
  */
 int
 lease_attempt_call(struct lease_attempt *a, const char *request,
     size_t len, struct http_request *req)
 {
+	struct json_value	*v;
 	struct kore_buf		body;
+	char			err[JSON_ERROR_LEN];
 
 	if (!a->calling) {
-		provider_key(a);
-		kore_buf_init(&body, 128);
-		provider_body(&body, a->call, request, len);
+		provider_key(a, a->generation, a->provider_key,
+		    sizeof(a->provider_key));
+		v = json_parse((const u_int8_t *)request, len, err,
+		    sizeof(err));
+		kore_buf_init(&body, 256);
+		provider_body(&body, a->op, v, a->provider_key, a->client_id);
+		json_free(v);
 		a->pcall.req = req;
-		provider_call_start(&a->pcall, a->call->path, a->provider_key,
+		provider_call_start(&a->pcall, a->op->path, a->provider_key,
 		    (const char *)body.data, body.offset);
 		kore_buf_cleanup(&body);
 		a->calling = 1;
@@ -138,12 +256,17 @@ lease_attempt_call(struct lease_attempt *a, const char *request,
 	if (!a->pcall.done)
 		return (0);
 
-	a->answer = provider_answer_classify(&a->pcall, a->call->id,
+	a->answer = provider_answer_classify(provider, &a->pcall, a->op->id,
 	    a->call->noun);
-	if (!provider_answer_saved(a->answer)) {
-		kore_log(LOG_NOTICE, "provider call for %s:%s not finished: "
-		    "%s (%s)", a->client_id, a->key, a->pcall.detail,
-		    a->answer->what);
+	if (provider_answer_logged_error(a->answer)) {
+		kore_log(LOG_ERR, "provider %s: %s for %s:%s (key %s): status "
+		    "%ld, %s", provider->kind, a->answer->what, a->client_id,
+		    a->key, a->provider_key, a->pcall.status, a->pcall.log);
+	} else if (!provider_answer_saved(a->answer)) {
+		kore_log(LOG_NOTICE, "provider call for %s:%s (key %s) not "
+		    "finished: %s (%s%s%s)", a->client_id, a->key,
+		    a->provider_key, a->pcall.detail, a->answer->what,
+		    a->pcall.log[0] ? ": " : "", a->pcall.log);
 	}
 
 	return (1);
@@ -156,52 +279,6 @@ lease_attempt_cleanup(struct lease_attempt *a)
 		provider_call_cleanup(&a->pcall);
 		a->calling = 0;
 	}
-}
-
-/*
- * The call that settles an attempt: a success or a refusal is completed
- * (saved by the operation's run function), any other answer releases.
- */
-void
-lease_settle_init(struct lease_settle *s, struct lease_attempt *a)
-{
-	int		problem;
-
-	s->params[0] = a->client_id;
-	s->params[1] = a->key;
-	s->params[2] = a->lease_id;
-	kore_buf_init(&s->problem, 256);
-
-	switch (a->answer->class) {
-	case PROVIDER_SUCCESS:
-		s->params[3] = a->pcall.id;
-		s->params[4] = "201";
-		s->params[5] = NULL;
-		s->nparams = 6;
-		s->sql = LEASE_COMPLETE_SQL;
-		break;
-	case PROVIDER_REFUSED:
-		problem = lease_problem(a);
-		problem_body(&s->problem, problem, a->pcall.detail);
-		(void)snprintf(s->status, sizeof(s->status), "%d",
-		    problem_status(problem));
-		s->params[3] = NULL;
-		s->params[4] = s->status;
-		s->params[5] = kore_buf_stringify(&s->problem, NULL);
-		s->nparams = 6;
-		s->sql = LEASE_COMPLETE_SQL;
-		break;
-	default:
-		s->nparams = 3;
-		s->sql = LEASE_RELEASE_SQL;
-		break;
-	}
-}
-
-void
-lease_settle_cleanup(struct lease_settle *s)
-{
-	kore_buf_cleanup(&s->problem);
 }
 
 /*
@@ -222,12 +299,14 @@ lease_operation(const char *name)
 	return (NULL);
 }
 
+/* reserve: a client's request takes the key (or is answered from it). */
 static int
-lease_reserve(struct http_request *req)
+flow_reserve(struct lease_flow *f)
 {
-	struct idem_request	*r = http_state_get(req);
+	struct idem_request	*r = http_state_get(f->req);
 	const char		*params[7];
 	char			lease[16], call[16];
+	int			ret;
 
 	(void)snprintf(lease, sizeof(lease), "%u", settings.lease_seconds);
 	(void)snprintf(call, sizeof(call), "%u", settings.provider_timeout_ms);
@@ -240,15 +319,558 @@ lease_reserve(struct http_request *req)
 	params[5] = lease;
 	params[6] = call;
 
-	return (idem_execute(req, LEASE_STATE_DECIDE, LEASE_RESERVE_SQL, 7,
-	    params));
+	f->op = r->op;
+	(void)kore_strlcpy(f->operation, r->op->name, sizeof(f->operation));
+
+	if ((ret = flow_query(f, LEASE_RESERVE_SQL, 7, params)) != LEASE_NEXT)
+		return (ret);
+
+	f->state = LEASE_DECIDE;
+	return (LEASE_NEXT);
+}
+
+/* claim: the recovery job takes the abandoned key due longest. */
+static int
+flow_claim(struct lease_flow *f)
+{
+	const char	*params[3];
+	char		after[16], lease[16], call[16];
+	int		ret;
+
+	(void)snprintf(after, sizeof(after), "%u",
+	    settings.recovery_after_seconds);
+	(void)snprintf(lease, sizeof(lease), "%u", settings.lease_seconds);
+	(void)snprintf(call, sizeof(call), "%u", settings.provider_timeout_ms);
+
+	params[0] = after;
+	params[1] = lease;
+	params[2] = call;
+
+	if ((ret = flow_query(f, LEASE_CLAIM_SQL, 3, params)) != LEASE_NEXT)
+		return (ret);
+
+	f->state = LEASE_DECIDE;
+	return (LEASE_NEXT);
+}
+
+/*
+ * decide: what the row says. A request's key that is not this attempt's
+ * to run (replayed, in flight, a mismatch, refused by the admit) ends the
+ * flow with the row for lease_respond(); a taken key goes on to the
+ * provider, or to its reconciliation first.
+ */
+static int
+flow_decide(struct lease_flow *f)
+{
+	struct lease_attempt	*a = &f->attempt;
+	struct idem_request	*r;
+	const char		*outcome, *name, *client, *key;
+
+	if (db_call_rows(f->db) == 0) {
+		f->end = f->req != NULL ? LEASE_END_ANSWERED :
+		    LEASE_END_NOTHING;
+		return (LEASE_DONE);
+	}
+
+	outcome = "claimed";
+	if (f->req != NULL) {
+		outcome = db_call_field(f->db, "outcome");
+		if (strcmp(outcome, "reserved") &&
+		    strcmp(outcome, "taken_over")) {
+			f->end = LEASE_END_ANSWERED;
+			return (LEASE_DONE);
+		}
+		r = http_state_get(f->req);
+		client = r->client_id;
+		key = r->key;
+	} else {
+		name = db_call_field(f->db, "operation");
+		(void)kore_strlcpy(f->operation, name, sizeof(f->operation));
+		client = db_call_field(f->db, "client_id");
+		key = db_call_field(f->db, "idem_key");
+		f->op = lease_operation(name);
+	}
+
+	if (f->op == NULL) {
+		/*
+		 * A key of an operation this build does not serve (an
+		 * instance of a rolling deploy): given back at once, for an
+		 * instance that knows it, instead of held for a lease.
+		 */
+		kore_log(LOG_ERR, "recovery: no lease operation '%s' in this "
+		    "build; releasing %s:%s", f->operation, client, key);
+		a->call = NULL;
+		(void)kore_strlcpy(a->client_id, client, sizeof(a->client_id));
+		(void)kore_strlcpy(a->key, key, sizeof(a->key));
+		(void)kore_strlcpy(a->lease_id, db_call_field(f->db,
+		    "lease_id"), sizeof(a->lease_id));
+		a->answer = &provider_answer_unknown_operation;
+		flow_db_reset(f);
+		f->state = LEASE_RELEASE;
+		return (LEASE_NEXT);
+	}
+
+	lease_attempt_init(a, f->op->call, f->operation, client, key,
+	    db_call_field(f->db, "lease_id"),
+	    (u_int32_t)strtoul(db_call_field(f->db, "generation"), NULL, 10));
+	f->reconcile = !strcmp(db_call_field(f->db, "reconcile"), "t");
+	f->taken_at = (int64_t)strtod(db_call_field(f->db, "taken_at"), NULL);
+
+	/* What the provider is sent: the request as the key row keeps it. */
+	kore_buf_reset(&f->request);
+	kore_buf_append(&f->request, db_call_field(f->db, "request"),
+	    db_call_field_length(f->db, "request"));
+
+	if (!strcmp(outcome, "taken_over")) {
+		metrics_count(COUNTER_LEASE_TAKEOVERS, 1);
+		kore_log(LOG_NOTICE, "took over %s:%s with lease %s",
+		    a->client_id, a->key, a->lease_id);
+	} else if (f->req == NULL) {
+		kore_log(LOG_NOTICE, "recovery: taking over abandoned %s %s:%s "
+		    "with lease %s", f->operation, a->client_id, a->key,
+		    a->lease_id);
+	}
+
+	flow_db_reset(f);
+	f->state = f->reconcile ? LEASE_RECONCILE : LEASE_CALL;
+
+	return (LEASE_NEXT);
+}
+
+/*
+ * reconcile: the key's last answer was indeterminate. The provider's list
+ * is read (paged) for an operation sent under any generation of the key:
+ * one that succeeded is the outcome; one still pending is a 409; none
+ * moves the key to its next generation. A list that cannot be read leaves
+ * the key as it is (released, still to reconcile): never a guess.
+ */
+static int
+flow_reconcile(struct lease_flow *f)
+{
+	struct lease_attempt	*a = &f->attempt;
+	struct kore_buf		path;
+
+	if (!a->calling) {
+		kore_buf_init(&path, 256);
+		list_path(&path, f);
+		a->pcall.req = f->req;
+		provider_call_get(&a->pcall, kore_buf_stringify(&path, NULL));
+		kore_buf_cleanup(&path);
+		a->calling = 1;
+	}
+
+	if (!a->pcall.done)
+		return (LEASE_WAIT);
+
+	switch (listed(f)) {
+	case LISTED_FOUND:
+		kore_log(LOG_NOTICE, "reconciled %s:%s: the provider has %s "
+		    "under generation %u", a->client_id, a->key, a->pcall.id,
+		    a->generation);
+		a->answer = &provider_answer_reconciled;
+		f->state = LEASE_SETTLE;
+		break;
+	case LISTED_PENDING:
+		a->answer = &provider_answer_pending;
+		(void)snprintf(a->pcall.detail, sizeof(a->pcall.detail),
+		    "the provider is still processing this %s", a->call->noun);
+		a->pcall.retry_after = 1;
+		f->state = LEASE_RELEASE;
+		break;
+	case LISTED_MORE:
+		if (++f->pages < RECONCILE_PAGES_MAX) {
+			lease_attempt_cleanup(a);
+			return (LEASE_NEXT);
+		}
+		/* FALLTHROUGH */
+	case LISTED_FAILED:
+		kore_log(LOG_ERR, "could not reconcile %s:%s (generation %u): "
+		    "%s", a->client_id, a->key, a->generation,
+		    f->pages >= RECONCILE_PAGES_MAX ? "too many pages" :
+		    a->pcall.log);
+		a->answer = &provider_answer_unresolved;
+		(void)snprintf(a->pcall.detail, sizeof(a->pcall.detail),
+		    "the payment provider could not be asked whether this %s "
+		    "was made", a->call->noun);
+		f->state = LEASE_RELEASE;
+		break;
+	default:
+		kore_log(LOG_NOTICE, "reconciled %s:%s: no %s under "
+		    "generations 1 to %u; the next is %u", a->client_id,
+		    a->key, a->call->noun, a->generation, a->generation + 1);
+		f->state = LEASE_GENERATION;
+		break;
+	}
+
+	lease_attempt_cleanup(a);
+	f->pages = 0;
+	f->after[0] = '\0';
+
+	return (LEASE_NEXT);
+}
+
+/*
+ * generation: the key moves to the next generation of its derived key,
+ * under this attempt's lease and from the generation it reconciled; the
+ * call then sends that.
+ */
+static int
+flow_generation(struct lease_flow *f)
+{
+	struct lease_attempt	*a = &f->attempt;
+	const char		*params[4];
+	char			gen[16];
+	int			ret;
+
+	(void)snprintf(gen, sizeof(gen), "%u", a->generation);
+	params[0] = a->client_id;
+	params[1] = a->key;
+	params[2] = a->lease_id;
+	params[3] = gen;
+
+	if ((ret = flow_query(f, LEASE_GENERATION_SQL, 4, params)) !=
+	    LEASE_NEXT)
+		return (ret);
+
+	if (db_call_rows(f->db) != 1 || db_call_null(f->db, 0)) {
+		f->end = LEASE_END_FENCED;
+		return (LEASE_DONE);
+	}
+
+	a->generation = (u_int32_t)strtoul(db_call_value(f->db, 0), NULL, 10);
+	f->reconcile = 0;
+	flow_db_reset(f);
+	f->state = LEASE_CALL;
+
+	return (LEASE_NEXT);
+}
+
+/* call: the provider, with this generation of the derived key. */
+static int
+flow_call(struct lease_flow *f)
+{
+	struct lease_attempt	*a = &f->attempt;
+
+	if (!lease_attempt_call(a, (const char *)f->request.data,
+	    f->request.offset, f->req))
+		return (LEASE_WAIT);
+
+	f->state = provider_answer_saved(a->answer) ? LEASE_SETTLE :
+	    LEASE_RELEASE;
+
+	return (LEASE_NEXT);
+}
+
+/*
+ * settle: a success or a refusal is completed (saved by the operation's
+ * run function), only with the lease this attempt took.
+ */
+static int
+flow_settle(struct lease_flow *f)
+{
+	struct lease_attempt	*a = &f->attempt;
+	struct kore_buf		problem;
+	const char		*params[6];
+	char			status[8];
+	int			code, ret;
+
+	params[0] = a->client_id;
+	params[1] = a->key;
+	params[2] = a->lease_id;
+	kore_buf_init(&problem, 256);
+
+	if (a->answer->class == PROVIDER_SUCCESS) {
+		params[3] = a->pcall.id;
+		params[4] = "201";
+		params[5] = NULL;
+	} else {
+		code = lease_problem(a);
+		problem_body(&problem, code, a->pcall.detail);
+		(void)snprintf(status, sizeof(status), "%d",
+		    problem_status(code));
+		params[3] = NULL;
+		params[4] = status;
+		params[5] = kore_buf_stringify(&problem, NULL);
+	}
+
+	ret = flow_query(f, LEASE_COMPLETE_SQL, 6, params);
+	kore_buf_cleanup(&problem);
+	if (ret != LEASE_NEXT)
+		return (ret);
+
+	f->end = LEASE_END_SETTLED;
+	return (LEASE_DONE);
+}
+
+/*
+ * release: any other answer gives the lease back, marking the key for
+ * reconciliation after an indeterminate one; the job's attempt also backs
+ * the job off the key.
+ */
+static int
+flow_release(struct lease_flow *f)
+{
+	struct lease_attempt	*a = &f->attempt;
+	const char		*params[6];
+	char			base[16], cap[16];
+	int			ret;
+
+	params[0] = a->client_id;
+	params[1] = a->key;
+	params[2] = a->lease_id;
+	params[3] = a->answer->class == PROVIDER_INDETERMINATE ? "t" : "f";
+	params[4] = NULL;
+	params[5] = NULL;
+	if (f->req == NULL) {
+		(void)snprintf(base, sizeof(base), "%u",
+		    settings.recovery_backoff_seconds);
+		(void)snprintf(cap, sizeof(cap), "%u",
+		    settings.recovery_backoff_max_seconds);
+		params[4] = base;
+		params[5] = cap;
+	}
+
+	if ((ret = flow_query(f, LEASE_RELEASE_SQL, 6, params)) != LEASE_NEXT)
+		return (ret);
+
+	f->end = LEASE_END_RELEASED;
+	return (LEASE_DONE);
+}
+
+/* A state's one statement: LEASE_NEXT once its row is in f->db. */
+static int
+flow_query(struct lease_flow *f, const char *query, int nparams,
+    const char **params)
+{
+	if (!*f->db_active) {
+		if (f->req != NULL)
+			db_call_init(f->db, f->req);
+		else
+			db_call_init_job(f->db);
+		*f->db_active = 1;
+	}
+
+	switch (db_call_step(f->db, query, nparams, params)) {
+	case DB_CALL_PENDING:
+		return (LEASE_WAIT);
+	case DB_CALL_FAILED:
+		return (LEASE_FAILED);
+	default:
+		return (LEASE_NEXT);
+	}
+}
+
+static void
+flow_db_reset(struct lease_flow *f)
+{
+	if (*f->db_active) {
+		db_call_cleanup(f->db);
+		*f->db_active = 0;
+	}
+}
+
+/*
+ * The provider's list for the key, as its table asks for it: by the key
+ * (the fake provider), by creation time (Stripe's charges) or by a member
+ * of the request (Stripe's refunds of the charge); from the last item of
+ * the page before.
+ */
+static void
+list_path(struct kore_buf *buf, struct lease_flow *f)
+{
+	struct lease_attempt		*a = &f->attempt;
+	const struct provider_op	*op = a->op;
+	struct json_value		*v, *m;
+	char				key[LEASE_PROVIDER_KEY_MAX];
+	char				err[JSON_ERROR_LEN];
+
+	kore_buf_appendf(buf, "%s?", op->path);
+
+	switch (op->list) {
+	case LIST_BY_KEY:
+		provider_key(a, 1, key, sizeof(key));
+		kore_buf_append(buf, "idempotency_key=", 16);
+		provider_url_escape(buf, key, strlen(key));
+		kore_buf_append(buf, "&prefix=1", 9);
+		return;
+	case LIST_SINCE:
+		kore_buf_appendf(buf, "limit=100&created%%5Bgte%%5D=%lld",
+		    (long long)(f->taken_at - RECONCILE_CLOCK_SLACK));
+		break;
+	case LIST_BY_MEMBER:
+		kore_buf_appendf(buf, "limit=100&%s=", op->list_arg);
+		v = json_parse(f->request.data, f->request.offset, err,
+		    sizeof(err));
+		m = json_member(v, op->list_member);
+		if (m != NULL && m->type == JSON_STRING)
+			provider_url_escape(buf, m->str, m->len);
+		json_free(v);
+		break;
+	default:
+		fatal("%s: unknown list %d", __func__, op->list);
+	}
+
+	if (f->after[0] != '\0') {
+		kore_buf_append(buf, "&starting_after=", 16);
+		provider_url_escape(buf, f->after, strlen(f->after));
+	}
+}
+
+/*
+ * What a page of the list says of the key: an item sent under one of its
+ * generations (its metadata, or the fake's key) that succeeded (FOUND, its
+ * id in pcall.id), is still pending, or none (MORE when more pages follow).
+ * Items of other keys, and failed ones, are passed over.
+ */
+static int
+listed(struct lease_flow *f)
+{
+	struct lease_attempt		*a = &f->attempt;
+	struct provider_call		*c = &a->pcall;
+	struct json_value		*body, *items, *item, *k, *id, *st, *more;
+	char				err[JSON_ERROR_LEN];
+	int				ret, pending;
+
+	c->log[0] = '\0';
+	if (c->result != CURLE_OK || c->status < 200 || c->status > 299) {
+		(void)snprintf(c->log, sizeof(c->log), "listing %.32s: %.160s "
+		    "%ld", a->op->path, c->result != CURLE_OK ? (c->errbuf[0] ?
+		    c->errbuf : curl_easy_strerror(c->result)) : "status",
+		    c->status);
+		return (LISTED_FAILED);
+	}
+
+	body = json_parse(c->response.data, c->response.offset, err,
+	    sizeof(err));
+	items = json_member(body, a->op->list_items);
+	if (items == NULL || items->type != JSON_ARRAY) {
+		(void)snprintf(c->log, sizeof(c->log), "listing %s: no %s "
+		    "array", a->op->path, a->op->list_items);
+		json_free(body);
+		return (LISTED_FAILED);
+	}
+
+	ret = LISTED_NONE;
+	pending = 0;
+	TAILQ_FOREACH(item, &items->children, list) {
+		id = json_member(item, a->op->id);
+		if (id != NULL && id->type == JSON_STRING && id->len > 0 &&
+		    id->len <= PROVIDER_ID_MAX)
+			(void)kore_strlcpy(f->after, id->str, sizeof(f->after));
+
+		k = provider_path(item, provider->item_key);
+		if (k == NULL || k->type != JSON_STRING ||
+		    !generation_of(a, k->str, k->len))
+			continue;
+
+		if (provider->item_status != NULL) {
+			st = json_member(item, provider->item_status);
+			if (st == NULL || st->type != JSON_STRING)
+				continue;
+			if (st->len == 7 && !memcmp(st->str, "pending", 7))
+				pending = 1;
+			if (st->len != 9 || memcmp(st->str, "succeeded", 9))
+				continue;
+		}
+
+		if (id == NULL || id->type != JSON_STRING || id->len == 0 ||
+		    id->len > PROVIDER_ID_MAX ||
+		    !idem_id_valid(id->str, id->len))
+			continue;
+
+		(void)kore_strlcpy(c->id, id->str, sizeof(c->id));
+		ret = LISTED_FOUND;
+		break;
+	}
+
+	if (ret == LISTED_NONE && pending)
+		ret = LISTED_PENDING;
+
+	if (ret == LISTED_NONE && provider->has_more != NULL) {
+		more = json_member(body, provider->has_more);
+		if (more != NULL && more->type == JSON_TRUE &&
+		    f->after[0] != '\0')
+			ret = LISTED_MORE;
+	}
+
+	json_free(body);
+	return (ret);
+}
+
+/* Whether a listed key is this key's derived key of generation 1 to n. */
+static int
+generation_of(const struct lease_attempt *a, const char *s, size_t len)
+{
+	char		key[LEASE_PROVIDER_KEY_MAX];
+	u_int32_t	g;
+
+	for (g = 1; g <= a->generation; g++) {
+		provider_key(a, g, key, sizeof(key));
+		if (strlen(key) == len && !memcmp(key, s, len))
+			return (1);
+	}
+
+	return (0);
+}
+
+/*
+ * The request path: the flow until it ends, then the answer.
+ */
+static int
+lease_flow_step(struct http_request *req)
+{
+	struct idem_request	*r = http_state_get(req);
+	struct lease_flow	*f = r->lease;
+
+	if (f->db == NULL)
+		lease_flow_init(f, LEASE_RESERVE, req, &r->db, &r->db_active);
+
+	switch (lease_flow_run(f)) {
+	case LEASE_WAIT:
+		/* The database wakes the request; the provider call too. */
+		if (f->attempt.calling && !f->attempt.pcall.done)
+			http_request_sleep(req);
+		return (HTTP_STATE_RETRY);
+	case LEASE_FAILED:
+		return (idem_fail_db(req, f->db));
+	default:
+		req->fsm_state = LEASE_STATE_RESPOND;
+		return (HTTP_STATE_CONTINUE);
+	}
 }
 
 static int
-lease_decide(struct http_request *req)
+lease_respond(struct http_request *req)
 {
 	struct idem_request	*r = http_state_get(req);
-	struct lease_attempt	*a = r->lease;
+	struct lease_flow	*f = r->lease;
+
+	switch (f->end) {
+	case LEASE_END_ANSWERED:
+		return (lease_respond_answered(req));
+	case LEASE_END_SETTLED:
+		if (db_call_rows(&r->db) == 0 ||
+		    !strcmp(db_call_field(&r->db, "outcome"), "fenced"))
+			return (lease_respond_fenced(req));
+		return (idem_respond_row(req, 0));
+	case LEASE_END_RELEASED:
+		return (lease_respond_released(req));
+	case LEASE_END_FENCED:
+		metrics_count(COUNTER_LEASE_FENCED, 1);
+		http_response_header(req, "retry-after", "1");
+		return (idem_fail(req, PROBLEM_IN_PROGRESS, "another attempt "
+		    "with Idempotency-Key '%s' holds it now; retry with the "
+		    "same key", r->key));
+	default:
+		fatal("%s: flow ended with %d", __func__, f->end);
+	}
+}
+
+/* The key row answered without this attempt running the operation. */
+static int
+lease_respond_answered(struct http_request *req)
+{
+	struct idem_request	*r = http_state_get(req);
 	const char		*outcome, *after;
 
 	/*
@@ -282,104 +904,44 @@ lease_decide(struct http_request *req)
 	if (!strcmp(outcome, "refused"))
 		return (lease_respond_unsaved(req));
 
-	if (strcmp(outcome, "reserved") && strcmp(outcome, "taken_over")) {
-		kore_log(LOG_ERR, "lease_reserve answered '%s'", outcome);
-		return (idem_fail(req, PROBLEM_INTERNAL, "the key is in an "
-		    "unexpected state; retry with the same Idempotency-Key"));
-	}
-
-	lease_attempt_init(a, r->op->call, r->client_id, r->key,
-	    db_call_field(&r->db, "lease_id"));
-
-	/* What the provider is sent: the request as the key row keeps it. */
-	kore_buf_reset(&r->request);
-	kore_buf_append(&r->request, db_call_field(&r->db, "request"),
-	    db_call_field_length(&r->db, "request"));
-
-	if (!strcmp(outcome, "taken_over")) {
-		metrics_count(COUNTER_LEASE_TAKEOVERS, 1);
-		kore_log(LOG_NOTICE, "took over %s:%s with lease %s",
-		    r->client_id, r->key, a->lease_id);
-	}
-
-	idem_db_reset(r);
-	req->fsm_state = LEASE_STATE_CALL;
-
-	return (HTTP_STATE_CONTINUE);
+	kore_log(LOG_ERR, "lease_reserve answered '%s'", outcome);
+	return (idem_fail(req, PROBLEM_INTERNAL, "the key is in an unexpected "
+	    "state; retry with the same Idempotency-Key"));
 }
 
-/*
- * Calls the provider and sleeps until the call is done; the worker serves
- * other requests meanwhile.
- */
+/* Nothing saved, the lease given back: what the answer was. */
 static int
-lease_call(struct http_request *req)
+lease_respond_released(struct http_request *req)
 {
 	struct idem_request	*r = http_state_get(req);
-
-	if (!lease_attempt_call(r->lease, (const char *)r->request.data,
-	    r->request.offset, req)) {
-		http_request_sleep(req);
-		return (HTTP_STATE_RETRY);
-	}
-
-	req->fsm_state = LEASE_STATE_SETTLE;
-	return (HTTP_STATE_CONTINUE);
-}
-
-/*
- * A success or a refusal is saved (complete); any other answer gives the
- * lease back (release). Either only with the lease this attempt took.
- */
-static int
-lease_settle(struct http_request *req)
-{
-	struct idem_request	*r = http_state_get(req);
-	struct lease_settle	s;
-	int			ret;
-
-	lease_settle_init(&s, r->lease);
-	ret = idem_execute(req, LEASE_STATE_RESPOND, s.sql, s.nparams,
-	    s.params);
-	lease_settle_cleanup(&s);
-
-	return (ret);
-}
-
-static int
-lease_respond(struct http_request *req)
-{
-	struct idem_request	*r = http_state_get(req);
-	struct lease_attempt	*a = r->lease;
+	struct lease_attempt	*a = &r->lease->attempt;
 	char			after[16];
 
-	if (!provider_answer_saved(a->answer)) {
-		if (strcmp(db_call_field(&r->db, "released"), "t")) {
-			metrics_count(COUNTER_LEASE_FENCED, 1);
-			kore_log(LOG_NOTICE, "lease %s of %s:%s was taken over; "
-			    "not released", a->lease_id, r->client_id, r->key);
-		}
-
-		/* The provider still processes the same key: its 409. */
-		if (a->answer->class == PROVIDER_BUSY) {
-			(void)snprintf(after, sizeof(after), "%u",
-			    a->pcall.retry_after);
-			http_response_header(req, "retry-after", after);
-			return (idem_fail(req, PROBLEM_IN_PROGRESS, "the "
-			    "payment provider is still processing an earlier "
-			    "attempt with Idempotency-Key '%s'; retry in %s s "
-			    "with the same key", r->key, after));
-		}
-
-		return (idem_fail(req, a->answer->problem, "%s; retry with the "
-		    "same Idempotency-Key", a->pcall.detail));
+	if (strcmp(db_call_field(&r->db, "released"), "t")) {
+		metrics_count(COUNTER_LEASE_FENCED, 1);
+		kore_log(LOG_NOTICE, "lease %s of %s:%s was taken over; not "
+		    "released", a->lease_id, r->client_id, r->key);
 	}
 
-	if (db_call_rows(&r->db) == 0 ||
-	    !strcmp(db_call_field(&r->db, "outcome"), "fenced"))
-		return (lease_respond_fenced(req));
+	(void)snprintf(after, sizeof(after), "%u", a->pcall.retry_after);
 
-	return (idem_respond_row(req, 0));
+	/* The provider still processes the same key: its 409. */
+	if (a->answer->class == PROVIDER_BUSY) {
+		http_response_header(req, "retry-after", after);
+		return (idem_fail(req, PROBLEM_IN_PROGRESS, "the payment "
+		    "provider is still processing an earlier attempt with "
+		    "Idempotency-Key '%s'; retry in %s s with the same key",
+		    r->key, after));
+	}
+
+	if (a->answer->problem == PROBLEM_PROVIDER_RATE_LIMITED) {
+		http_response_header(req, "retry-after", after);
+		return (idem_fail(req, a->answer->problem, "%s with the same "
+		    "Idempotency-Key", a->pcall.detail));
+	}
+
+	return (idem_fail(req, a->answer->problem, "%s; retry with the same "
+	    "Idempotency-Key", a->pcall.detail));
 }
 
 /*
@@ -424,7 +986,7 @@ static int
 lease_respond_fenced(struct http_request *req)
 {
 	struct idem_request	*r = http_state_get(req);
-	struct lease_attempt	*a = r->lease;
+	struct lease_attempt	*a = &r->lease->attempt;
 	const char		*status;
 
 	metrics_count(COUNTER_LEASE_FENCED, 1);
@@ -455,51 +1017,32 @@ lease_respond_fenced(struct http_request *req)
 static void
 lease_request_free(struct idem_request *r)
 {
-	lease_attempt_cleanup(r->lease);
+	if (r->lease->db != NULL)
+		lease_flow_cleanup(r->lease);
 	kore_free(r->lease);
 	r->lease = NULL;
 }
 
 /*
- * The provider's body: the members of the saved request the operation
- * sends, by name (a request that is not the JSON object this service
- * saved sends an empty object, which the provider refuses).
+ * The provider's Idempotency-Key of a generation: derived from the
+ * client's, the same for every attempt of one generation whichever worker
+ * or process makes it (<client>:<key>, then <client>:<key>:<n>); or, for
+ * the fresh-provider-key demo, a new random one per attempt.
  */
 static void
-provider_body(struct kore_buf *buf, const struct lease_call *call,
-    const char *request, size_t len)
-{
-	struct json_value	*v, *members[LEASE_MEMBERS_MAX];
-	char			err[JSON_ERROR_LEN];
-	size_t			i, n;
-
-	v = json_parse((const u_int8_t *)request, len, err, sizeof(err));
-
-	n = 0;
-	for (i = 0; i < LEASE_MEMBERS_MAX && call->members[i] != NULL; i++) {
-		if ((members[n] = json_member(v, call->members[i])) != NULL)
-			n++;
-	}
-
-	json_canonical_members(buf, members, n);
-	json_free(v);
-}
-
-/*
- * The provider's Idempotency-Key: derived from the client's, the same for
- * every attempt of one operation whichever worker or process makes it;
- * or, for the fresh-provider-key demo, a new random one per attempt.
- */
-static void
-provider_key(struct lease_attempt *a)
+provider_key(const struct lease_attempt *a, u_int32_t generation, char *out,
+    size_t len)
 {
 	u_int8_t	random[16];
 	char		hex[sizeof(random) * 2 + 1];
 	size_t		i;
 
-	if (!a->call->fresh_key) {
-		(void)snprintf(a->provider_key, sizeof(a->provider_key),
-		    "%s:%s", a->client_id, a->key);
+	if (a->call == NULL || !a->call->fresh_key) {
+		if (generation <= 1)
+			(void)snprintf(out, len, "%s:%s", a->client_id, a->key);
+		else
+			(void)snprintf(out, len, "%s:%s:%u", a->client_id,
+			    a->key, generation);
 		return;
 	}
 
@@ -507,6 +1050,5 @@ provider_key(struct lease_attempt *a)
 		fatal("RAND_bytes failed");
 	for (i = 0; i < sizeof(random); i++)
 		(void)snprintf(hex + i * 2, 3, "%02x", random[i]);
-	(void)snprintf(a->provider_key, sizeof(a->provider_key), "fresh-%s",
-	    hex);
+	(void)snprintf(out, len, "fresh-%s", hex);
 }

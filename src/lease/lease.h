@@ -1,7 +1,8 @@
 /*
  * The lease strategy, for operations outside this database: reserve the
- * key, call the provider, settle (complete, refuse, release), fencing and
- * recovery, written once for every such operation.
+ * key, call the provider, settle (complete, refuse, release), reconcile an
+ * indeterminate answer, fencing and recovery: one flow of named states,
+ * run by a client's request and by the recovery job alike (lease.c).
  */
 
 #ifndef __H_LEASE_H
@@ -11,21 +12,17 @@
 #include <kore/http.h>
 
 #include "idem.h"
+#include "provider.h"
 #include "provider_answer.h"
 #include "provider_client.h"
 
-#define LEASE_MEMBERS_MAX	6
-
 /*
- * An operation's provider call, as data: the path it posts to, the
- * members of its saved request sent in the body (by name), the member of
- * a success that names it, what it asks for in messages ("the provider
- * refused the payment"), and its problems for the provider's refusals.
+ * An operation's side of its provider call: what it asks for in messages
+ * ("the provider refused the payment") and its problems for the
+ * provider's refusals. What the provider is sent is the provider's table
+ * (provider.c), found by the operation's name.
  */
 struct lease_call {
-	const char	*path;
-	const char	*members[LEASE_MEMBERS_MAX];
-	const char	*id;
 	const char	*noun;
 	int		declined;
 	int		rejected;
@@ -34,38 +31,85 @@ struct lease_call {
 	int		fresh_key;
 };
 
-/* One attempt at the provider: a request's, or the recovery job's. */
+#define LEASE_PROVIDER_KEY_MAX	(AUTH_CLIENT_ID_MAX + IDEM_KEY_MAX + 16)
+
+/* One call at the provider: a request's, the recovery job's, a demo's. */
 struct lease_attempt {
 	const struct lease_call		*call;
+	const struct provider_op	*op;
 	char				client_id[AUTH_CLIENT_ID_MAX + 1];
 	char				key[IDEM_KEY_MAX + 1];
 	char				lease_id[24];
-	char				provider_key[AUTH_CLIENT_ID_MAX +
-					    IDEM_KEY_MAX + 2];
+	u_int32_t			generation;
+	char				provider_key[LEASE_PROVIDER_KEY_MAX];
 	struct provider_call		pcall;
 	int				calling;
 	const struct provider_answer	*answer;
 };
 
-/* The call that settles an attempt: complete, or release. */
-struct lease_settle {
-	const char		*sql;
-	const char		*params[6];
-	int			nparams;
-	char			status[8];
-	struct kore_buf		problem;
+/* The states of the flow (lease.c: lease_states). */
+#define LEASE_RESERVE		0	/* a client's request takes the key */
+#define LEASE_CLAIM		1	/* the recovery job takes one */
+#define LEASE_DECIDE		2
+#define LEASE_RECONCILE		3
+#define LEASE_GENERATION	4
+#define LEASE_CALL		5
+#define LEASE_SETTLE		6
+#define LEASE_RELEASE		7
+#define LEASE_STATES		8
+
+/* How a flow ended. */
+#define LEASE_END_ANSWERED	1	/* the key row answered (f->db) */
+#define LEASE_END_NOTHING	2	/* the job found no abandoned key */
+#define LEASE_END_SETTLED	3	/* lease_complete() ran (f->db) */
+#define LEASE_END_RELEASED	4	/* lease_release() ran (f->db) */
+#define LEASE_END_FENCED	5	/* taken over before a new generation */
+
+/* What a run of the flow returns. */
+#define LEASE_WAIT		1	/* a database or provider call pending */
+#define LEASE_NEXT		2	/* f->state moved: run it now */
+#define LEASE_DONE		3	/* ended: f->end */
+#define LEASE_FAILED		4	/* the database call failed: f->db */
+
+struct lease_flow {
+	int				state;
+	int				end;
+
+	/* NULL: the recovery job. */
+	struct http_request		*req;
+	struct db_call			*db;
+	int				*db_active;
+
+	const struct idem_operation	*op;
+	char				operation[64];
+	struct lease_attempt		attempt;
+	struct kore_buf			request;
+	int				reconcile;
+	int64_t				taken_at;
+
+	/* A reconciliation: the page, where the next one starts. */
+	int				pages;
+	char				after[PROVIDER_ID_MAX + 1];
+
+	/* What a request's reserve sends. */
+	const char			*fingerprint;
 };
 
 int	lease_run(struct http_request *);
 int	lease_problem(const struct lease_attempt *);
 
+void	lease_flow_init(struct lease_flow *, int, struct http_request *,
+	    struct db_call *, int *);
+int	lease_flow_run(struct lease_flow *);
+void	lease_flow_cleanup(struct lease_flow *);
+const char *lease_state_name(int);
+
 void	lease_attempt_init(struct lease_attempt *, const struct lease_call *,
-	    const char *, const char *, const char *);
+	    const char *, const char *, const char *, const char *,
+	    u_int32_t);
 int	lease_attempt_call(struct lease_attempt *, const char *, size_t,
 	    struct http_request *);
 void	lease_attempt_cleanup(struct lease_attempt *);
-void	lease_settle_init(struct lease_settle *, struct lease_attempt *);
-void	lease_settle_cleanup(struct lease_settle *);
 
 const struct idem_operation	*lease_operation(const char *);
 

@@ -1,20 +1,24 @@
 /*
- * The classes of provider answers, in one table read top to bottom: the
- * first row that matches a finished call decides what the payment does and
- * what the client gets. The README prints the same table.
+ * The classes of provider answers. Each provider has one table read top
+ * to bottom (provider.c): the first row that matches a finished call
+ * decides what the operation does and what the client gets. The README
+ * prints the tables.
  *
- *   success      saved as the payment, 201
- *   refused      saved and replayed (402, 422), never sent again
- *   busy         the provider still processes the same key: nothing saved,
- *                the lease released, 409 with the provider's Retry-After
- *   transient    nothing saved, the lease released, 502 or 504; a retry
- *                (or the recovery job) sends the same derived key again
+ *   success        saved as the payment, 201
+ *   refused        saved and replayed (402, 422), never sent again
+ *   busy           the provider still processes the same key: nothing
+ *                  saved, the lease released, 409 with its Retry-After
+ *   transient      nothing saved, the lease released, 502, 503 (429) or
+ *                  504; a retry (or the recovery job) sends the same key
+ *   indeterminate  a 5xx the provider keeps under the key: nothing saved,
+ *                  the lease released and the key marked, so that the
+ *                  next attempt asks the provider whether the operation
+ *                  exists before it sends anything (lease.c, reconcile)
+ *   configuration  401, 403, 404, ...: this service's fault, not the
+ *                  payer's; nothing saved, released, logged at error
+ *   key conflict   the provider says the key met other parameters: never
+ *                  a success nor a refusal; released, logged at error
  *
- * A 2xx without a valid charge id is transient, not a success (there is no
- * charge to save) and not a refusal (the provider may have charged): the
- * next attempt with the same derived key gets the charge if there is one.
- * A 408 and a 429 are not refusals either: the provider did not take the
- * request up (it came too late, or too many came), so it may be sent again.
  * A 408 is also what Kore, and other servers, write on a kept-alive
  * connection they time out, which a request sent on it may read: the
  * provider client avoids those connections and resends such a request
@@ -31,14 +35,9 @@
 #include "idem.h"
 #include "json.h"
 #include "problem.h"
+#include "provider.h"
 #include "provider_answer.h"
 #include "settings.h"
-
-/* What a row matches. */
-#define MATCH_TIMED_OUT		1	/* no answer within the timeout */
-#define MATCH_NO_ANSWER		2	/* no HTTP answer at all */
-#define MATCH_ID		3	/* a status in range with the operation's id */
-#define MATCH_STATUS		4	/* a status in range */
 
 /*
  * A provider's Retry-After past an hour says the provider is down, not
@@ -46,63 +45,52 @@
  */
 #define RETRY_AFTER_MAX		3600
 
-struct answer_rule {
-	int			match;
-	long			min;
-	long			max;
-	struct provider_answer	answer;
+const struct provider_answer	provider_answer_reconciled = {
+	PROVIDER_SUCCESS, PROVIDER_NO_PROBLEM,
+	"reconciled: the provider lists it under a generation of the key"
 };
 
-static const struct answer_rule	rules[] = {
-	{ MATCH_TIMED_OUT, 0, 0, { PROVIDER_TRANSIENT,
-	    PROBLEM_PROVIDER_TIMEOUT, "no answer within the timeout" } },
-	{ MATCH_NO_ANSWER, 0, 0, { PROVIDER_TRANSIENT,
-	    PROBLEM_PROVIDER_UNAVAILABLE, "no HTTP answer (unreachable, "
-	    "connection cut, body over 64 KiB)" } },
-	{ MATCH_ID, 200, 299, { PROVIDER_SUCCESS,
-	    PROVIDER_NO_PROBLEM, "2xx with a valid id (charge_id, refund_id)" } },
-	{ MATCH_STATUS, 200, 299, { PROVIDER_TRANSIENT,
-	    PROBLEM_PROVIDER_UNAVAILABLE, "2xx without a valid id" } },
-	{ MATCH_STATUS, 402, 402, { PROVIDER_REFUSED,
-	    PROBLEM_CARD_DECLINED, "402" } },
-	{ MATCH_STATUS, 409, 409, { PROVIDER_BUSY,
-	    PROBLEM_IN_PROGRESS, "409, still processing the same key" } },
-	{ MATCH_STATUS, 408, 408, { PROVIDER_TRANSIENT,
-	    PROBLEM_PROVIDER_UNAVAILABLE, "408, the request not received "
-	    "in time" } },
-	{ MATCH_STATUS, 429, 429, { PROVIDER_TRANSIENT,
-	    PROBLEM_PROVIDER_UNAVAILABLE, "429, too many requests" } },
-	{ MATCH_STATUS, 400, 499, { PROVIDER_REFUSED,
-	    PROBLEM_PAYMENT_REJECTED, "any other 4xx" } },
-	/*
-	 * From LONG_MIN: libcurl reads three digits, but a status below 0
-	 * in a row from 0 fell through every row to the fatal() below.
-	 */
-	{ MATCH_STATUS, LONG_MIN, LONG_MAX, { PROVIDER_TRANSIENT,
-	    PROBLEM_PROVIDER_UNAVAILABLE, "anything else (5xx, 1xx, 3xx)" } },
+const struct provider_answer	provider_answer_pending = {
+	PROVIDER_BUSY, PROBLEM_IN_PROGRESS,
+	"reconciled: the provider lists it as pending"
 };
 
-static int	rule_matches(const struct answer_rule *, struct provider_call *,
+const struct provider_answer	provider_answer_unresolved = {
+	PROVIDER_INDETERMINATE, PROBLEM_PROVIDER_UNAVAILABLE,
+	"not reconciled: the provider could not be asked"
+};
+
+const struct provider_answer	provider_answer_unknown_operation = {
+	PROVIDER_CONFIG, PROBLEM_PROVIDER_UNAVAILABLE,
+	"an operation this build does not know (a rolling deploy)"
+};
+
+static int	rule_matches(const struct provider *,
+		    const struct answer_rule *, struct provider_call *,
 		    struct json_value *, const char *);
+static int	type_matches(const char *, struct json_value *);
 static int	id_valid(struct json_value *);
-static void	describe(const struct provider_answer *,
-		    struct provider_call *, struct json_value *, const char *,
-		    const char *);
+static void	describe(const struct provider *,
+		    const struct provider_answer *, struct provider_call *,
+		    struct json_value *, const char *, const char *);
+static void	string_copy(char *, size_t, struct json_value *);
 static void	detail_copy(char *, size_t, const char *, size_t);
 
 /*
- * The class of a finished call, with what the operation needs of it in
- * the call: the id of what the provider made (id names its member), the
- * provider's reason, its Retry-After. noun names what the call asked for
- * (payment, refund) in the messages.
+ * The class of a finished call by its provider's table, with what the
+ * operation needs of it in the call: the id of what the provider made (id
+ * names its member), the reason for the client, the words for the log,
+ * the Retry-After. noun names what the call asked for (payment, refund).
  */
 const struct provider_answer *
-provider_answer_classify(struct provider_call *call, const char *id,
-    const char *noun)
+provider_answer_classify(const struct provider *p, struct provider_call *call,
+    const char *id, const char *noun)
 {
-	struct json_value	*body;
-	char			err[JSON_ERROR_LEN];
-	size_t			i;
+	static struct provider_answer	transient;
+	const struct provider_answer	*answer;
+	struct json_value		*body;
+	char				err[JSON_ERROR_LEN];
+	size_t				i;
 
 	body = NULL;
 	if (call->result == CURLE_OK) {
@@ -110,12 +98,19 @@ provider_answer_classify(struct provider_call *call, const char *id,
 		    err, sizeof(err));
 	}
 
-	for (i = 0; i < sizeof(rules) / sizeof(rules[0]); i++) {
-		if (rule_matches(&rules[i], call, body, id)) {
-			describe(&rules[i].answer, call, body, id, noun);
-			json_free(body);
-			return (&rules[i].answer);
+	for (i = 0; i < p->nrules; i++) {
+		if (!rule_matches(p, &p->rules[i], call, body, id))
+			continue;
+		answer = &p->rules[i].answer;
+		/* A 5xx the provider does not keep: the same key again. */
+		if (answer->class == PROVIDER_INDETERMINATE && !p->keeps_5xx) {
+			transient = *answer;
+			transient.class = PROVIDER_TRANSIENT;
+			answer = &transient;
 		}
+		describe(p, answer, call, body, id, noun);
+		json_free(body);
+		return (answer);
 	}
 
 	/* The last row matches any status: only a broken table gets here. */
@@ -123,7 +118,7 @@ provider_answer_classify(struct provider_call *call, const char *id,
 }
 
 /*
- * A success and a refusal are the payment's outcome: saved. The others
+ * A success and a refusal are the operation's outcome: saved. The others
  * release the lease.
  */
 int
@@ -133,9 +128,17 @@ provider_answer_saved(const struct provider_answer *answer)
 	    answer->class == PROVIDER_REFUSED);
 }
 
+/* What an operator must look at: logged at error, not notice. */
+int
+provider_answer_logged_error(const struct provider_answer *answer)
+{
+	return (answer->class == PROVIDER_CONFIG ||
+	    answer->class == PROVIDER_KEY_CONFLICT);
+}
+
 static int
-rule_matches(const struct answer_rule *rule, struct provider_call *call,
-    struct json_value *body, const char *id)
+rule_matches(const struct provider *p, const struct answer_rule *rule,
+    struct provider_call *call, struct json_value *body, const char *id)
 {
 	switch (rule->match) {
 	case MATCH_TIMED_OUT:
@@ -145,13 +148,37 @@ rule_matches(const struct answer_rule *rule, struct provider_call *call,
 	case MATCH_ID:
 		if (!id_valid(json_member(body, id)))
 			return (0);
-		/* FALLTHROUGH */
+		break;
+	case MATCH_TYPE:
+		if (!type_matches(rule->type,
+		    provider_path(body, p->error_type)))
+			return (0);
+		break;
 	case MATCH_STATUS:
-		return (call->result == CURLE_OK &&
-		    call->status >= rule->min && call->status <= rule->max);
+		break;
 	default:
 		fatal("%s: unknown match %d", __func__, rule->match);
 	}
+
+	return (call->result == CURLE_OK &&
+	    call->status >= rule->min && call->status <= rule->max);
+}
+
+/* An error type: equal, or for a row's "/..." the end of a type's URL. */
+static int
+type_matches(const char *want, struct json_value *v)
+{
+	size_t		len;
+
+	if (v == NULL || v->type != JSON_STRING)
+		return (0);
+
+	len = strlen(want);
+	if (want[0] == '/')
+		return (v->len >= len && !memcmp(v->str + v->len - len, want,
+		    len));
+
+	return (v->len == len && !memcmp(v->str, want, len));
 }
 
 /*
@@ -165,16 +192,40 @@ id_valid(struct json_value *v)
 	    v->len <= PROVIDER_ID_MAX && idem_id_valid(v->str, v->len));
 }
 
+/*
+ * The call's id, its detail for the client and its words for the log. A
+ * detail never carries the provider's address, its internal text or a
+ * library's: those go to the log only. A refusal's detail is the
+ * provider's reason, which the payer needs.
+ */
 static void
-describe(const struct provider_answer *answer, struct provider_call *call,
-    struct json_value *body, const char *id, const char *noun)
+describe(const struct provider *p, const struct provider_answer *answer,
+    struct provider_call *call, struct json_value *body, const char *id,
+    const char *noun)
 {
 	struct json_value	*v;
 	curl_off_t		after;
+	char			code[64];
 
 	call->id[0] = '\0';
 	call->detail[0] = '\0';
+	call->log[0] = '\0';
 	call->retry_after = 1;
+
+	after = call->retry_after_sent;
+	if (after > 0)
+		call->retry_after = after < RETRY_AFTER_MAX ?
+		    (u_int32_t)after : RETRY_AFTER_MAX;
+
+	/* The provider's words, or libcurl's, for the log. */
+	if (call->result != CURLE_OK) {
+		(void)snprintf(call->log, sizeof(call->log), "%s",
+		    call->errbuf[0] ? call->errbuf :
+		    curl_easy_strerror(call->result));
+	} else {
+		string_copy(call->log, sizeof(call->log),
+		    provider_path(body, p->reason));
+	}
 
 	switch (answer->class) {
 	case PROVIDER_SUCCESS:
@@ -183,46 +234,79 @@ describe(const struct provider_answer *answer, struct provider_call *call,
 		return;
 	case PROVIDER_REFUSED:
 		/* The provider's reason is what the client needs to fix. */
-		v = json_member(body, "detail");
-		if (v != NULL && v->type == JSON_STRING) {
-			detail_copy(call->detail, sizeof(call->detail), v->str,
-			    v->len);
-		}
+		(void)kore_strlcpy(call->detail, call->log,
+		    sizeof(call->detail));
 		/* None, or one a NUL ends at once ("\u0000..."): say ours. */
 		if (call->detail[0] == '\0') {
 			(void)snprintf(call->detail, sizeof(call->detail),
 			    "the provider refused the %s (status %ld)", noun,
 			    call->status);
 		}
+		code[0] = '\0';
+		string_copy(code, sizeof(code),
+		    provider_path(body, p->decline_code));
+		if (code[0] != '\0' && idem_id_valid(code, strlen(code))) {
+			(void)snprintf(call->detail + strlen(call->detail),
+			    sizeof(call->detail) - strlen(call->detail),
+			    " (decline code: %s)", code);
+		}
 		return;
 	case PROVIDER_BUSY:
-		after = call->retry_after_sent;
-		if (after > 0)
-			call->retry_after = after < RETRY_AFTER_MAX ?
-			    (u_int32_t)after : RETRY_AFTER_MAX;
 		(void)snprintf(call->detail, sizeof(call->detail),
 		    "the provider is still processing this %s", noun);
+		return;
+	case PROVIDER_INDETERMINATE:
+		(void)snprintf(call->detail, sizeof(call->detail),
+		    "the payment provider answered %ld and keeps that answer "
+		    "under this %s's key, so whether it was made is not known "
+		    "yet; the next attempt asks the provider first", call->status,
+		    noun);
+		return;
+	case PROVIDER_CONFIG:
+		(void)snprintf(call->detail, sizeof(call->detail),
+		    "the payment provider refused this service's request: a "
+		    "fault of the service's configuration, not of this %s, "
+		    "logged for its operators", noun);
+		return;
+	case PROVIDER_KEY_CONFLICT:
+		(void)snprintf(call->detail, sizeof(call->detail),
+		    "the payment provider says this %s's provider key was "
+		    "used with other parameters (idempotency_error); nothing "
+		    "is saved, logged for the service's operators", noun);
 		return;
 	default:
 		break;
 	}
 
-	if (call->result == CURLE_OPERATION_TIMEDOUT) {
+	if (answer->problem == PROBLEM_PROVIDER_RATE_LIMITED) {
 		(void)snprintf(call->detail, sizeof(call->detail),
-		    "no answer within %u ms", settings.provider_timeout_ms);
+		    "the payment provider is limiting this service's "
+		    "requests; retry in %u s", call->retry_after);
+	} else if (call->result == CURLE_OPERATION_TIMEDOUT) {
+		(void)snprintf(call->detail, sizeof(call->detail),
+		    "the payment provider did not answer within %u ms",
+		    settings.provider_timeout_ms);
 	} else if (call->result != CURLE_OK) {
-		(void)snprintf(call->detail, sizeof(call->detail), "%s",
-		    call->errbuf[0] ? call->errbuf :
-		    curl_easy_strerror(call->result));
+		(void)snprintf(call->detail, sizeof(call->detail),
+		    "the payment provider could not be reached");
 	} else if (call->status >= 200 && call->status <= 299) {
 		/* The row's "valid id" is the member this operation reads. */
 		(void)snprintf(call->detail, sizeof(call->detail),
-		    "the provider answered %ld (2xx without a valid %s)",
+		    "the payment provider answered %ld without a valid %s",
 		    call->status, id);
 	} else {
 		(void)snprintf(call->detail, sizeof(call->detail),
-		    "the provider answered %ld", call->status);
+		    "the payment provider answered %ld", call->status);
 	}
+}
+
+/* A string member, cut at a UTF-8 boundary; nothing for another type. */
+static void
+string_copy(char *dst, size_t size, struct json_value *v)
+{
+	dst[0] = '\0';
+	if (v != NULL && v->type == JSON_STRING)
+		detail_copy(dst, size, v->str, v->len);
 }
 
 /*

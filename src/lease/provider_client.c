@@ -10,6 +10,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "provider.h"
 #include "provider_client.h"
 #include "settings.h"
 
@@ -65,6 +66,8 @@ static void	graveyard_free(void *, u_int64_t);
 static void	collect_finished(void);
 static size_t	response_append(char *, size_t, size_t, void *);
 static int	call_resend(struct provider_call *, CURL *);
+static void	call_prepare(struct provider_call *, const char *);
+static void	call_add(struct provider_call *);
 
 static CURLM			*multi = NULL;
 static struct kore_timer	*timer = NULL;
@@ -112,15 +115,51 @@ provider_client_unload(void)
 
 /*
  * Starts a POST to the provider's path with the given Idempotency-Key and
- * JSON body.
+ * body, written as the provider takes it (provider.c).
  */
 void
 provider_call_start(struct provider_call *call, const char *path,
     const char *key, const char *body, size_t len)
 {
-	char		header[512], url[512];
-	CURLMcode	rc;
-	int		n;
+	char		header[512];
+
+	call_prepare(call, path);
+
+	(void)snprintf(header, sizeof(header), "Idempotency-Key: %s", key);
+	call->headers = curl_slist_append(call->headers, header);
+	call->headers = curl_slist_append(call->headers,
+	    provider->body == BODY_FORM ?
+	    "Content-Type: application/x-www-form-urlencoded" :
+	    "Content-Type: application/json");
+	call->headers = curl_slist_append(call->headers, "Expect:");
+
+	curl_easy_setopt(call->easy, CURLOPT_HTTPHEADER, call->headers);
+	curl_easy_setopt(call->easy, CURLOPT_POSTFIELDSIZE, (long)len);
+	curl_easy_setopt(call->easy, CURLOPT_COPYPOSTFIELDS, body);
+
+	call_add(call);
+}
+
+/*
+ * Starts a GET of the provider's path and query (a list, when an answer
+ * is reconciled).
+ */
+void
+provider_call_get(struct provider_call *call, const char *path)
+{
+	call_prepare(call, path);
+	curl_easy_setopt(call->easy, CURLOPT_HTTPHEADER, call->headers);
+	curl_easy_setopt(call->easy, CURLOPT_HTTPGET, 1L);
+	call_add(call);
+}
+
+/* What every call has: the URL, the secret, the timeout, the callbacks. */
+static void
+call_prepare(struct provider_call *call, const char *path)
+{
+	struct kore_buf		auth;
+	char			url[2048];
+	int			n;
 
 	/* IDEM_PROVIDER_URL is at most 256 bytes (settings.c). */
 	n = snprintf(url, sizeof(url), "%s%s", settings.provider_url, path);
@@ -130,20 +169,22 @@ provider_call_start(struct provider_call *call, const char *path,
 	kore_buf_init(&call->response, 256);
 	call->done = 0;
 	call->resent = 0;
+	call->headers = NULL;
+	call->errbuf[0] = '\0';
 
 	if ((call->easy = curl_easy_init()) == NULL)
 		fatal("curl_easy_init failed");
 
-	(void)snprintf(header, sizeof(header), "Idempotency-Key: %s", key);
-	call->headers = curl_slist_append(NULL, header);
-	call->headers = curl_slist_append(call->headers,
-	    "Content-Type: application/json");
-	call->headers = curl_slist_append(call->headers, "Expect:");
+	if (provider->bearer) {
+		kore_buf_init(&auth, 128);
+		kore_buf_appendf(&auth, "Authorization: Bearer %s",
+		    settings.provider_secret);
+		call->headers = curl_slist_append(call->headers,
+		    kore_buf_stringify(&auth, NULL));
+		kore_buf_cleanup(&auth);
+	}
 
 	curl_easy_setopt(call->easy, CURLOPT_URL, url);
-	curl_easy_setopt(call->easy, CURLOPT_HTTPHEADER, call->headers);
-	curl_easy_setopt(call->easy, CURLOPT_POSTFIELDSIZE, (long)len);
-	curl_easy_setopt(call->easy, CURLOPT_COPYPOSTFIELDS, body);
 	curl_easy_setopt(call->easy, CURLOPT_TIMEOUT_MS,
 	    (long)settings.provider_timeout_ms);
 	curl_easy_setopt(call->easy, CURLOPT_NOSIGNAL, 1L);
@@ -153,6 +194,12 @@ provider_call_start(struct provider_call *call, const char *path,
 	curl_easy_setopt(call->easy, CURLOPT_WRITEDATA, call);
 	curl_easy_setopt(call->easy, CURLOPT_ERRORBUFFER, call->errbuf);
 	curl_easy_setopt(call->easy, CURLOPT_PRIVATE, call);
+}
+
+static void
+call_add(struct provider_call *call)
+{
+	CURLMcode	rc;
 
 	if ((rc = curl_multi_add_handle(multi, call->easy)) != CURLM_OK)
 		fatal("curl_multi_add_handle: %s", curl_multi_strerror(rc));

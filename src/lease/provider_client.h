@@ -1,7 +1,7 @@
 /*
- * Calls of the payment provider (POST /v1/charges, /v1/refunds), made with
- * libcurl's
- * multi interface on the worker's own event loop: any number of calls in
+ * Calls of the payment provider (POST /v1/charges, /v1/refunds, and the
+ * GET of its lists when an answer is reconciled), made with libcurl's multi
+ * interface on the worker's own event loop: any number of calls in
  * flight, none blocking the worker, no thread pool.
  */
 
@@ -37,6 +37,7 @@ struct provider_call {
 	/* Filled by provider_answer_classify(). */
 	char			id[PROVIDER_ID_MAX + 1];
 	char			detail[PROVIDER_DETAIL_MAX];
+	char			log[PROVIDER_DETAIL_MAX];
 	u_int32_t		retry_after;
 };
 
@@ -44,6 +45,7 @@ void	provider_client_init(void);
 void	provider_client_unload(void);
 void	provider_call_start(struct provider_call *, const char *,
 	    const char *, const char *, size_t);
+void	provider_call_get(struct provider_call *, const char *);
 void	provider_call_cleanup(struct provider_call *);
 
 #endif

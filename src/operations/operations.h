@@ -26,7 +26,7 @@ extern const struct idem_operation	demo_fresh_key_operation;
 #endif
 
 /* The payment's fields, shared with the demos. */
-#define PAYMENT_NFIELDS		4
+#define PAYMENT_NFIELDS		5
 extern const struct idem_field		payment_fields[PAYMENT_NFIELDS];
 
 int	api_dispatch(struct http_request *);

@@ -13,17 +13,18 @@
 #include "operations.h"
 #include "problem.h"
 
+static int	payment_check(struct json_value *, char *, size_t);
+
 const struct idem_field	payment_fields[PAYMENT_NFIELDS] = {
 	{ "amount",	FIELD_AMOUNT,	1, 1 },
 	{ "currency",	FIELD_CURRENCY,	1, 1 },
 	{ "recipient",	FIELD_ID,	1, 1 },
 	{ "purpose",	FIELD_TEXT,	0, 1 },
+	{ "payment_method", FIELD_TOKEN, 0, 1 },
 };
 
+/* What the provider is sent is its table's (src/lease/provider.c). */
 static const struct lease_call	charge_call = {
-	.path = "/v1/charges",
-	.members = { "amount", "currency", "recipient" },
-	.id = "charge_id",
 	.noun = "payment",
 	.declined = PROBLEM_CARD_DECLINED,
 	.rejected = PROBLEM_PAYMENT_REJECTED,
@@ -33,6 +34,7 @@ const struct idem_operation	payment_create_operation = {
 	.name = "payments.create",
 	.fields = payment_fields,
 	.nfields = PAYMENT_NFIELDS,
+	.check = payment_check,
 	.strategy = lease_run,
 	.call = &charge_call,
 };
@@ -49,3 +51,10 @@ const struct idem_operation	payment_read_operation = {
 	.strategy = idem_read_run,
 	.read = &payment_read,
 };
+
+/* What the provider needs of a payment (Stripe: a payment_method). */
+static int
+payment_check(struct json_value *body, char *err, size_t len)
+{
+	return (provider_check("payments.create", body, err, len));
+}

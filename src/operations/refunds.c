@@ -25,10 +25,8 @@ static const struct idem_field	refund_fields[] = {
 	{ "reason",	FIELD_TEXT,	0, 1 },
 };
 
+/* What the provider is sent is its table's (src/lease/provider.c). */
 static const struct lease_call	refund_call = {
-	.path = "/v1/refunds",
-	.members = { "charge_id", "amount" },
-	.id = "refund_id",
 	.noun = "refund",
 	.declined = PROBLEM_REFUND_REJECTED,
 	.rejected = PROBLEM_REFUND_REJECTED,

@@ -1,10 +1,15 @@
 """Every answer of the payment provider has exactly one class, and the client
 gets what API.md's lease table says for it: a 2xx with a charge id is a 201;
-a 402 a saved card-declined; any other 4xx but 408, 409 and 429 a saved
-payment-rejected with the provider's reason, never sent to the provider
-again; a 409 (the provider still processes the key) a 409 with Retry-After
-and the lease released; anything else, 408 and 429 included (the provider
-did not take the request up), a 502, released. The rows the fake provider cannot
+a 402 a saved card-declined; 401, 403, 404, 405, 407, 413, 414, 415 and 451
+(this service's secret, URL or a gateway: a fault of configuration) a 502
+with a fixed detail, not saved, released, logged at error; the key met
+other parameters (idempotency-key-reused) a 502, not saved; a 429 a 503
+provider-rate-limited with the provider's Retry-After, released; any other
+4xx but 408 and 409 a saved payment-rejected with the provider's reason,
+never sent to the provider again; a 409 (the provider still processes the
+key) a 409 with Retry-After and the lease released; anything else, 408
+included (the provider did not take the request up), a 502, released; a
+problem's detail never carries libcurl's text or the provider's address. The rows the fake provider cannot
 give come from a stub provider; the permanent refusal of the real fake
 provider (recipient "reject") is followed through replays and the recovery
 job."""
@@ -13,8 +18,8 @@ import os
 import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "lib"))
-from harness import (Api, Provider, StubProvider, Tap, key_row, new_key,  # noqa: E402
-                     provider_calls, quote, request, sql, sql_value, wait_until)
+from harness import (Api, Provider, StubProvider, Tap, free_port, key_row,  # noqa: E402
+                     new_key, provider_calls, quote, request, sql, sql_value, wait_until)
 
 t = Tap()
 
@@ -48,6 +53,17 @@ stub = StubProvider({
     "busy": (409, {}, b""),
     "late-408": (408, {}, b""),
     "limited-429": (429, {"Retry-After": "3"}, b""),
+    "secret-401": (401, JSON, {"detail": "bad secret sk_live_oops"}),
+    "forbidden-403": (403, {}, b""),
+    "method-405": (405, {}, b""),
+    "proxy-407": (407, {}, b""),
+    "waf-413": (413, {}, b""),
+    "uri-414": (414, {}, b""),
+    "media-415": (415, {}, b""),
+    "legal-451": (451, {}, b""),
+    "key-reused": (422, {"Content-Type": "application/problem+json"},
+                   {"type": "http://127.0.0.1:1/problems/idempotency-key-reused",
+                    "detail": "this Idempotency-Key was used with other parameters"}),
     "error-500": (500, {}, b""),
     "error-503": (503, {}, b""),
     "redirect": (301, {"Location": "http://127.0.0.1:1/"}, b""),
@@ -63,13 +79,22 @@ rows = [
     ("numeric-charge-id", 502, "provider-unavailable", False),
     ("not-json", 502, "provider-unavailable", False),
     ("declined", 402, "card-declined", True),
-    ("not-found", 422, "payment-rejected", True),
+    ("not-found", 502, "provider-unavailable", False),
+    ("secret-401", 502, "provider-unavailable", False),
+    ("forbidden-403", 502, "provider-unavailable", False),
+    ("method-405", 502, "provider-unavailable", False),
+    ("proxy-407", 502, "provider-unavailable", False),
+    ("waf-413", 502, "provider-unavailable", False),
+    ("uri-414", 502, "provider-unavailable", False),
+    ("media-415", 502, "provider-unavailable", False),
+    ("legal-451", 502, "provider-unavailable", False),
+    ("key-reused", 502, "provider-unavailable", False),
     ("bad-request", 422, "payment-rejected", True),
     ("unprocessable", 422, "payment-rejected", True),
     ("busy-7", 409, "request-in-progress", False),
     ("busy", 409, "request-in-progress", False),
     ("late-408", 502, "provider-unavailable", False),
-    ("limited-429", 502, "provider-unavailable", False),
+    ("limited-429", 503, "provider-rate-limited", False),
     ("error-500", 502, "provider-unavailable", False),
     ("error-503", 502, "provider-unavailable", False),
     ("redirect", 502, "provider-unavailable", False),
@@ -93,9 +118,18 @@ for recipient, status, kind, saved in rows:
 
 r = api.post("/v1/payments", payment("ok-200"), key=new_key("cls"))
 t.eq(r.json().get("charge_id"), "ch_stub_200", "a success is saved with the provider's charge id")
-r = api.post("/v1/payments", payment("not-found"), key=new_key("cls"))
-t.eq(r.json().get("detail"), "unknown recipient \u00e9",
+r = api.post("/v1/payments", payment("unprocessable"), key=new_key("cls"))
+t.eq(r.json().get("detail"), "amount over the card's limit",
      "a refusal carries the provider's reason as its detail")
+r = api.post("/v1/payments", payment("secret-401"), key=new_key("cls"))
+t.ok(r.status == 502 and "configuration" in r.json().get("detail", "") and
+     "sk_live" not in r.body.decode(),
+     "a configuration fault: a fixed detail, not the provider's words", r)
+t.ok(any("bad secret sk_live_oops" in line and "status 401" in line
+         for line in api.read_log().splitlines()),
+     "and the provider's words are logged, with its status")
+r = api.post("/v1/payments", payment("limited-429"), key=new_key("cls"))
+t.eq(r.headers.get("retry-after"), "3", "a provider 429: a 503 with the provider's Retry-After")
 r = api.post("/v1/payments", payment("bad-request"), key=new_key("cls"))
 t.eq(r.json().get("detail"), "the provider refused the payment (status 400)",
      "or its status when it gives none")
@@ -117,10 +151,21 @@ second = api.post("/v1/payments", payment("busy-then-ok"), key=key)
 t.ok(first.status == 409 and second.status == 201 and not second.replayed and
      second.json()["charge_id"] == "ch_after_409",
      "provider 409, then the retry gets the charge: 409, 201", (first, second))
-t.ok("2xx without a valid charge_id" in api.read_log(),
+t.ok("2xx without a valid id" in api.read_log(),
      "a 2xx without a charge id is logged as such")
 api.stop()
 stub.stop()
+
+# An unreachable provider: the client is told so in a fixed phrase; libcurl's
+# words, which name the provider's host and port, go to the log only.
+closed = free_port()
+api = Api(IDEM_PROVIDER_URL=f"http://127.0.0.1:{closed}").start()
+r = api.post("/v1/payments", payment("anyone"), key=new_key("cls"))
+t.ok(r.status == 502 and r.json().get("detail", "").startswith(
+    "the payment provider could not be reached") and str(closed) not in r.body.decode(),
+    "an unreachable provider: a 502 whose detail names no host or port", r)
+t.ok(str(closed) in api.read_log(), "libcurl's words, with the port, are in the log")
+api.stop()
 
 # The fake provider refuses recipient "reject" for good: a saved 422 that
 # neither a retry nor the recovery job sends to the provider again.

@@ -345,8 +345,9 @@ class DbProxy:
     while `hold` is set (an address that accepts and never answers), and
     cuts the connections it passed on (black_hole())."""
 
-    def __init__(self, delay=0.0):
-        self.target = int(os.environ["IDEM_TEST_PGPORT"])
+    def __init__(self, delay=0.0, target=None):
+        # Another loopback server (a provider) instead of PostgreSQL.
+        self.target = target or int(os.environ["IDEM_TEST_PGPORT"])
         self.delay = delay
         self.sock = socket.socket()
         self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -552,6 +553,92 @@ class Provider(Kore):
         r = request(self.port, "GET", f"/v1/{what}?idempotency_key=" +
                     urllib.parse.quote(key, safe=""))
         return r.json()[what]
+
+
+STRIPE_MOCK = os.path.join(ROOT, "tools", "stripe-mock", "node_modules",
+                           "stripe-stateful-mock", "dist", "cli.js")
+STRIPE_SECRET = "sk_test_idem_tests"
+
+
+class StripeMock:
+    """stripe-stateful-mock (npm, pinned in tools/stripe-mock, installed by
+    scripts/deps): Stripe's API v1 written by others, a real Node.js process
+    on a loopback port, stopped by its pid. Its state lives in its memory:
+    charges_of(K) pages through all of GET /v1/charges and keeps those whose
+    metadata[idempotency_key] is K, as a test counts charges per key."""
+
+    def __init__(self, port=None):
+        self.port = port or free_port()
+        self.logpath = os.path.join(TMP, f"stripe-mock-{self.port}.log")
+        self.proc = None
+
+    @property
+    def url(self):
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self):
+        env = dict(os.environ, PORT=str(self.port), LOG_LEVEL="warn")
+        self.log = open(self.logpath, "a")
+        self.proc = subprocess.Popen(["node", STRIPE_MOCK], cwd=ROOT, env=env,
+                                     stdout=self.log, stderr=subprocess.STDOUT)
+        _running.append(self)
+
+        def ready():
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"the Stripe mock exited: {self.read_log()}")
+            try:
+                return self.get("/v1/charges?limit=1")[0] == 200
+            except OSError:
+                return False
+        wait_until(ready, "the Stripe mock to answer")
+        return self
+
+    def get(self, path):
+        import base64
+        auth = base64.b64encode(f"{STRIPE_SECRET}:".encode()).decode()
+        r = request(self.port, "GET", path, headers={"Authorization": "Basic " + auth},
+                    timeout=10)
+        return r.status, r.json()
+
+    def _all(self, what):
+        items, after = [], None
+        while True:
+            path = f"/v1/{what}?limit=100" + (f"&starting_after={after}" if after else "")
+            status, page = self.get(path)
+            if status != 200:
+                raise RuntimeError(f"GET {path}: {status} {page}")
+            items.extend(page["data"])
+            if not page.get("has_more") or not page["data"]:
+                return items
+            after = page["data"][-1]["id"]
+
+    def charges_of(self, key, status="succeeded"):
+        """The charges whose metadata[idempotency_key] is key."""
+        return [c for c in self._all("charges")
+                if (c.get("metadata") or {}).get("idempotency_key") == key and
+                (status is None or c.get("status") == status)]
+
+    def refunds_of(self, key):
+        return [r for r in self._all("refunds")
+                if (r.get("metadata") or {}).get("idempotency_key") == key]
+
+    def kill9(self):
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(10)
+
+    def stop(self):
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        self.proc.terminate()
+        try:
+            self.proc.wait(10)
+        except subprocess.TimeoutExpired:
+            self.kill9()
+
+    def read_log(self):
+        with open(self.logpath, errors="replace") as f:
+            return f.read()
 
 
 class StubProvider:

@@ -1,0 +1,241 @@
+"""The lease strategy against a provider written by others: the Stripe
+adapter (IDEM_PROVIDER_KIND=stripe, src/lease/provider.c) and
+stripe-stateful-mock 0.0.16 from npm, which keeps every answer under its
+Idempotency-Key but 401 and 429 (a 500 included) and replays it. Its test
+tokens drive the cases. In every case the charges are counted at the mock
+by metadata[idempotency_key]: exactly one per client key, over all of its
+generations.
+
+- a charge: 201 with Stripe's ch_ id, form-encoded with the currency in lower
+  case, the metadata the contract lists; replayed byte for byte;
+- declines (card_error) saved with their decline code and replayed;
+  amount_too_large (invalid_request_error) saved as payment-rejected;
+- tok_429 then tok_visa: a 503 with Retry-After, then one charge;
+- tok_500, tok_500, tok_visa: indeterminate answers reconciled, the key at its
+  third generation, one charge (two generations with none);
+- a payment without payment_method: 400 before the key is taken;
+- concurrent duplicates: one charge;
+- the worker killed (SIGKILL) while its call is on the wire: the recovery
+  job finishes the key with the same derived key, one charge;
+- a wrong secret (401): not saved, logged; the retry once the secret is
+  right gets the one charge;
+- the service refuses to start with the stripe kind and no secret;
+- a refund through POST /v1/refunds: Stripe's re_ id, one refund;
+- IDEM_TEST_SCENARIO=name runs one part (the names below)."""
+
+import os
+import random
+import subprocess
+import sys
+import time
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "lib"))
+from harness import (ROOT, STRIPE_SECRET, Api, Background, DbProxy, StripeMock, Tap,  # noqa: E402
+                     concurrently, key_row, new_key, sql_value, wait_until)
+
+t = Tap()
+only = os.environ.get("IDEM_TEST_SCENARIO")
+mock = StripeMock().start()
+STRIPE = {"IDEM_PROVIDER_KIND": "stripe", "IDEM_PROVIDER_SECRET": STRIPE_SECRET,
+          "IDEM_PROVIDER_URL": mock.url}
+
+
+def scenario(name):
+    return only is None or only == name
+
+
+def chain(*tokens):
+    """A source the mock answers token by token, one per use; the random
+    tail keeps it apart from every other test's."""
+    return "|".join(tokens + (f"r{random.randrange(10**9)}",))
+
+
+def payment(method="tok_visa", amount=10000, **extra):
+    body = {"amount": amount, "currency": "RUB", "recipient": "acc-1",
+            "purpose": "order 17", "payment_method": method}
+    body.update(extra)
+    return body
+
+
+def charges(key, generations=1, client="shop-1", status="succeeded"):
+    """The charges at the mock under the key's derived keys of generations
+    1 to n."""
+    made = []
+    for g in range(1, generations + 1):
+        derived = f"{client}:{key}" if g == 1 else f"{client}:{key}:{g}"
+        made += mock.charges_of(derived, status=status)
+    return made
+
+
+def problem_type(r):
+    try:
+        return r.json()["type"].rsplit("/", 1)[-1]
+    except (ValueError, KeyError):
+        return None
+
+
+def generation(key, client="shop-1"):
+    return sql_value("select provider_generation from idempotency_keys where "
+                     f"client_id = '{client}' and idem_key = '{key}'")
+
+
+api = Api(**STRIPE).start()
+
+if scenario("charge"):
+    key = new_key("st")
+    r = api.post("/v1/payments", payment(), key=key)
+    again = api.post("/v1/payments", payment(), key=key)
+    made = charges(key)
+    t.ok(r.status == 201 and r.json()["charge_id"].startswith("ch_") and
+         r.json()["status"] == "succeeded", "tok_visa: a 201 with Stripe's charge id", r)
+    t.ok(again.status == 201 and again.replayed and again.body == r.body,
+         "the retry is replayed byte for byte", again)
+    t.ok(len(made) == 1 and made[0]["id"] == r.json()["charge_id"],
+         "one charge at the mock under metadata[idempotency_key] shop-1:<key>", made)
+    c = made[0] if made else {}
+    t.ok(c.get("currency") == "rub" and c.get("amount") == 10000 and
+         c.get("description") == "order 17" and
+         c.get("metadata") == {"idempotency_key": f"shop-1:{key}", "client_id": "shop-1",
+                               "recipient": "acc-1"},
+         "the charge as the contract sends it: currency in lower case, description, "
+         "metadata", c)
+
+if scenario("declines"):
+    for token, code in (("tok_chargeDeclined", "generic_decline"),
+                        ("tok_chargeDeclinedInsufficientFunds", "insufficient_funds")):
+        key = new_key("st")
+        r = api.post("/v1/payments", payment(token), key=key)
+        again = api.post("/v1/payments", payment(token), key=key)
+        t.ok(r.status == 402 and problem_type(r) == "card-declined" and
+             f"decline code: {code}" in r.json().get("detail", ""),
+             f"{token}: 402 card-declined carrying the decline code {code}", r)
+        t.ok(again.status == 402 and again.replayed and again.body == r.body and
+             key_row(key)["status"] == "done" and not charges(key),
+             f"{token}: saved and replayed, no charge that succeeded", again)
+    key = new_key("st")
+    r = api.post("/v1/payments", payment(amount=100000000), key=key)
+    again = api.post("/v1/payments", payment(amount=100000000), key=key)
+    t.ok(r.status == 422 and problem_type(r) == "payment-rejected" and again.replayed and
+         again.body == r.body and key_row(key)["status"] == "done",
+         "amount_too_large (invalid_request_error): a saved 422 payment-rejected", (r, again))
+
+if scenario("rate-limited"):
+    key = new_key("st")
+    source = chain("tok_429", "tok_visa")
+    first = api.post("/v1/payments", payment(source), key=key)
+    row = key_row(key)
+    second = api.post("/v1/payments", payment(source), key=key)
+    t.ok(first.status == 503 and problem_type(first) == "provider-rate-limited" and
+         first.headers.get("retry-after", "").isdigit() and
+         row["status"] == "in_progress" and not row["leased"],
+         "tok_429: a 503 with Retry-After, nothing saved, the lease released", (first, row))
+    t.ok(second.status == 201 and len(charges(key)) == 1 and generation(key) == "1",
+         "the retry with the same derived key: one charge", second)
+
+if scenario("reconciled"):
+    key = new_key("st")
+    source = chain("tok_500", "tok_500", "tok_visa")
+    seen = [api.post("/v1/payments", payment(source), key=key) for _ in range(3)]
+    t.ok([r.status for r in seen] == [502, 502, 201],
+         "tok_500, tok_500, tok_visa: 502, 502, then 201", seen)
+    t.ok(all(problem_type(r) == "provider-unavailable" and
+             "keeps that answer" in r.json().get("detail", "") for r in seen[:2]),
+         "an indeterminate answer says the outcome is not known yet", seen[:2])
+    t.ok(len(charges(key, 3)) == 1 and not charges(key) and
+         not mock.charges_of(f"shop-1:{key}:2") and
+         len(mock.charges_of(f"shop-1:{key}:3")) == 1 and generation(key) == "3",
+         "one charge, under the third generation; the first two made none",
+         charges(key, 3, status=None))
+    again = api.post("/v1/payments", payment(source), key=key)
+    t.ok(again.status == 201 and again.replayed and again.body == seen[2].body,
+         "and it is replayed", again)
+    log = api.read_log()
+    t.ok("reconciled shop-1:" + key in log and "the next is 2" in log,
+         "the reconciliation is logged")
+
+if scenario("no-payment-method"):
+    key = new_key("st")
+    body = payment()
+    del body["payment_method"]
+    r = api.post("/v1/payments", body, key=key)
+    t.ok(r.status == 400 and problem_type(r) == "invalid-request" and
+         "payment_method" in r.json().get("detail", "") and key_row(key) is None,
+         "without payment_method: 400 naming it, and the key is not taken", r)
+    r = api.post("/v1/payments", payment("tok visa"), key=key)
+    t.ok(r.status == 400 and key_row(key) is None,
+         "a payment_method with a space: 400, not taken", r)
+
+if scenario("concurrent"):
+    key = new_key("st")
+    source = chain("tok_visa")
+    seen = concurrently(6, api.post, "/v1/payments", payment(source), key=key)
+    final = api.post("/v1/payments", payment(source), key=key)
+    t.ok(all(r.status in (201, 409) for r in seen) and final.status == 201 and
+         len(charges(key)) == 1,
+         "six at once: 201 or 409 each, then one charge", [r.status for r in seen])
+
+if scenario("killed"):
+    # The call sits in a proxy for 3 s: the worker is killed while it is on
+    # the wire, the mock then charges. The recovery job of the next
+    # instance takes the key over and gets that charge with the same key.
+    proxy = DbProxy(delay=3.0, target=mock.port)
+    slow = Api(name="api-slow", **dict(STRIPE, IDEM_PROVIDER_URL=f"http://127.0.0.1:{proxy.port}",
+                                        IDEM_LEASE_SECONDS=4, IDEM_PROVIDER_TIMEOUT_MS=3500)).start()
+    key = new_key("st")
+    call = Background(slow.post, "/v1/payments", payment(), key=key)
+    wait_until(lambda: proxy.accepted > 0, "the call to reach the proxy")
+    slow.kill9()
+    call.cut()
+    wait_until(lambda: len(charges(key)) == 1, "the mock to get the charge", timeout=20)
+    recoverer = Api(name="api-recoverer", IDEM_RECOVERY_AFTER_SECONDS=1,
+                    IDEM_RECOVERY_INTERVAL_SECONDS=1, IDEM_LEASE_SECONDS=4,
+                    IDEM_PROVIDER_TIMEOUT_MS=3500, **STRIPE).start()
+    wait_until(lambda: key_row(key)["status"] == "done", "the recovery job to finish it",
+               timeout=30)
+    r = api.post("/v1/payments", payment(), key=key)
+    t.ok(r.status == 201 and r.replayed and
+         r.json()["charge_id"] == charges(key)[0]["id"] and len(charges(key)) == 1,
+         "SIGKILL mid-call: the recovery job saves the one charge, the retry gets it", r)
+    recoverer.stop()
+
+if scenario("wrong-secret"):
+    wrong = Api(name="api-wrong", **dict(STRIPE, IDEM_PROVIDER_SECRET="rk_live_wrong")).start()
+    key = new_key("st")
+    r = wrong.post("/v1/payments", payment(), key=key)
+    row = key_row(key)
+    t.ok(r.status == 502 and problem_type(r) == "provider-unavailable" and
+         "configuration" in r.json().get("detail", "") and "rk_live" not in r.body.decode() and
+         row["status"] == "in_progress" and not row["leased"],
+         "a wrong secret (401): 502 with a fixed detail, nothing saved, released", (r, row))
+    t.ok(any("Invalid API Key" in line and "status 401" in line
+             for line in wrong.read_log().splitlines()),
+         "the provider's words are logged")
+    wrong.stop()
+    r = api.post("/v1/payments", payment(), key=key)
+    t.ok(r.status == 201 and len(charges(key)) == 1,
+         "once the secret is right the retry gets the one charge", r)
+
+if scenario("refund"):
+    key = new_key("st")
+    paid = api.post("/v1/payments", payment(), key=key)
+    rkey = new_key("st-refund")
+    body = {"payment_id": paid.json()["payment_id"], "amount": 4000}
+    r = api.post("/v1/refunds", body, key=rkey)
+    again = api.post("/v1/refunds", body, key=rkey)
+    made = mock.refunds_of(f"shop-1:{rkey}")
+    t.ok(r.status == 201 and r.json()["provider_refund_id"].startswith("re_") and
+         again.replayed and again.body == r.body and len(made) == 1 and
+         made[0]["charge"] == paid.json()["charge_id"] and made[0]["amount"] == 4000,
+         "a refund: Stripe's re_ id, one refund of the charge at the mock", (r, made))
+
+if scenario("no-secret"):
+    bad = Api(name="api-nosecret", IDEM_PROVIDER_KIND="stripe", IDEM_PROVIDER_SECRET="")
+    proc = subprocess.run(["kore", "-fnrc", bad.conf], cwd=ROOT,
+                          env=bad.env, capture_output=True, text=True, timeout=30)
+    t.ok(proc.returncode != 0 and "IDEM_PROVIDER_SECRET" in proc.stdout + proc.stderr,
+         "the stripe kind without a secret refuses to start, naming the setting",
+         (proc.returncode, proc.stdout[-300:], proc.stderr[-300:]))
+
+api.stop()
+mock.stop()
+t.done()
