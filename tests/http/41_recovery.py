@@ -3,7 +3,9 @@ call is in flight and the client never retries; the recovery job takes the
 payment over, gets the provider's charge with the same derived key, and
 saves it, so that a later retry gets the real result. A payment released
 after a provider failure is finished the same way, charging it then; while
-the provider keeps failing, the job backs off that payment."""
+the provider keeps failing, the job backs off that payment. A key of a lease
+operation this build does not know (an instance of a rolling deploy) is
+released at once, with the job's backoff, not held for a lease."""
 
 import os
 import re
@@ -132,6 +134,25 @@ wait_until(lambda: key_row(key)["status"] == "done", "the next attempt", timeout
 row = key_row(key)
 t.ok(row["status_code"] == "201" and '"charge_id":"ch_after_outage"' in row["response"],
      "once the provider works, the job finishes the payment with its charge", row)
+
+# A lease operation the database knows and this build does not: the job
+# gives its key back at once (and backs off it), for an instance that knows
+# it, instead of holding it for a lease without calling anyone.
+sql("select idem_operation('test.other-build', 'lease', 'payment_settle')")
+key = new_key("other-build")
+sql("insert into idempotency_keys (client_id, idem_key, operation, fingerprint, status,"
+    " lease_id, locked_until, request) values ('shop-1', " + quote(key) + ","
+    " 'test.other-build', repeat('a', 64), 'in_progress', 1,"
+    " now() - interval '10 s', '{}')")
+row = wait_until(lambda: sql("select recovery_attempts, lease_id, locked_until <= now()"
+                             " from idempotency_keys where idem_key = " + quote(key) +
+                             " and recovery_attempts > 0"), "the job to try it", timeout=15)[0]
+t.ok(row[0] == "1" and row[1] == "2" and row[2] == "t" and
+     "no lease operation 'test.other-build'" in api.read_log(),
+     "a key of an operation this build lacks: claimed, released at once, backed off, "
+     "logged", row)
+sql("delete from idempotency_keys where idem_key = " + quote(key))
+sql("delete from idem_operations where operation = 'test.other-build'")
 api.stop()
 stub.stop()
 t.done()

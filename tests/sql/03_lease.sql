@@ -3,7 +3,7 @@
 -- release and the fencing rule; and the fake provider's one charge and one
 -- refund per key, and its 409.
 begin;
-select plan(65);
+select plan(76);
 
 create temporary table r1 as select * from lease_reserve('shop-1', 'p-1',
     'payments.create', repeat('a', 64),
@@ -158,6 +158,39 @@ select is((select outcome from lease_reserve('shop-1', 'p-4', 'test.failing',
     repeat('a', 64), '{}', 30, 10000)), 'reserved', 'p-4 reserved');
 select throws_ok($$select * from lease_complete('shop-1', 'p-4', 1, 'ch_4', 201,
     null)$$, '22012', 'run failed', 'an error of run is the caller''s, not a fence');
+
+-- Generations of the derived key: an indeterminate answer marks the key
+-- (lease_release with p_indeterminate), a reconciliation that found nothing
+-- moves it to the next generation under the lease, once.
+select is((select outcome from lease_reserve('shop-1', 'g-1', 'payments.create',
+    repeat('a', 64), '{"amount":100,"currency":"RUB","recipient":"acc"}', 30, 10000)),
+    'reserved', 'g-1 reserved');
+select results_eq($$select generation, reconcile from lease_answer('shop-1', 'g-1',
+    'payments.create', repeat('a', 64))$$, $$values (1, false)$$,
+    'a new key is at generation 1, nothing to reconcile');
+select is((select lease_generation('shop-1', 'g-1', 1, 1)), null::int,
+    'a key whose last answer was not indeterminate keeps its generation');
+select results_eq($$select released, attempts from lease_release('shop-1', 'g-1', 1,
+    true, null, null)$$, $$values (true, 0)$$,
+    'an indeterminate answer releases the key, no recovery attempt counted');
+create temporary table g2 as select * from lease_reserve('shop-1', 'g-1',
+    'payments.create', repeat('a', 64), '{}', 30, 10000);
+select results_eq($$select outcome, lease_id, generation, reconcile from g2$$,
+    $$values ('taken_over'::text, 2::bigint, 1, true)$$,
+    'the retry takes it over, told to reconcile generation 1 first');
+select ok((select taken_at between extract(epoch from now()) - 60 and
+    extract(epoch from now()) + 1 from g2), 'with when the key was taken');
+select is((select lease_generation('shop-1', 'g-1', 1, 1)), null::int,
+    'the fenced attempt cannot move the generation');
+select is((select lease_generation('shop-1', 'g-1', 2, 1)), 2,
+    'the holder moves it to generation 2');
+select is((select lease_generation('shop-1', 'g-1', 2, 1)), null::int,
+    'once: a generation is never skipped');
+select results_eq($$select released, attempts, wait_seconds from lease_release('shop-1',
+    'g-1', 2, false, 5, 60)$$, $$values (true, 1, 5)$$,
+    'the recovery job''s release counts its attempt and backs off 5 s');
+select results_eq($$select released from lease_release('shop-1', 'g-1', 1, false,
+    null, null)$$, $$values (false)$$, 'a fenced release changes nothing');
 
 -- The fake provider: one charge per key, and a 409 while the request that
 -- made it still thinks (here 60 s).
