@@ -61,7 +61,7 @@
 	"$2, $3::bigint, $4::boolean, $5::int, $6::int)"
 
 /* A reconciliation reads at most this many pages of 100 of a list. */
-#define RECONCILE_PAGES_MAX	20
+#define RECONCILE_PAGES_MAX	100
 
 /*
  * A listing by creation time starts this long before the key was taken:

@@ -17,6 +17,12 @@
 #define RESPONSE_MAX		65536
 
 /*
+ * A page of a provider's list (a reconciliation): Stripe's charges are a
+ * few KiB each, 100 to a page.
+ */
+#define LIST_RESPONSE_MAX	(1024 * 1024)
+
+/*
  * A kept-alive connection to the provider is reused only while it has been
  * idle for less than this many seconds. Servers time out an idle kept-alive
  * connection (Kore, the fake provider: http_header_timeout, 10 s by
@@ -148,6 +154,7 @@ void
 provider_call_get(struct provider_call *call, const char *path)
 {
 	call_prepare(call, path);
+	call->response_max = LIST_RESPONSE_MAX;
 	curl_easy_setopt(call->easy, CURLOPT_HTTPHEADER, call->headers);
 	curl_easy_setopt(call->easy, CURLOPT_HTTPGET, 1L);
 	call_add(call);
@@ -167,6 +174,7 @@ call_prepare(struct provider_call *call, const char *path)
 		fatal("%s: the provider URL is too long", __func__);
 
 	kore_buf_init(&call->response, 256);
+	call->response_max = RESPONSE_MAX;
 	call->done = 0;
 	call->resent = 0;
 	call->headers = NULL;
@@ -422,7 +430,7 @@ response_append(char *ptr, size_t size, size_t nmemb, void *udata)
 	size_t			len;
 
 	len = size * nmemb;
-	if (call->response.offset + len > RESPONSE_MAX)
+	if (call->response.offset + len > call->response_max)
 		return (0);
 
 	kore_buf_append(&call->response, ptr, len);

@@ -20,6 +20,7 @@ struct provider_call {
 	CURL			*easy;
 	struct curl_slist	*headers;
 	struct kore_buf		response;
+	size_t			response_max;
 	char			errbuf[CURL_ERROR_SIZE];
 	int			done;
 	/* Sent again after a 408 on a reused connection (provider_client.c). */

@@ -153,6 +153,23 @@ if scenario("reconciled"):
     t.ok("reconciled shop-1:" + key in log and "the next is 2" in log,
          "the reconciliation is logged")
 
+if scenario("reconciled-long-list"):
+    # A page of the mock's charges past 64 KiB (the cap of a payment's answer):
+    # the reconciliation reads lists with a cap of their own (found by the
+    # chaos soak, where every reconciliation failed once the mock held
+    # about 30 charges).
+    for _ in range(40):
+        assert api.post("/v1/payments", payment(), key=new_key("st-fill")).status == 201
+    status, page = mock.get("/v1/charges?limit=100")
+    size = len(__import__("json").dumps(page))
+    key = new_key("st")
+    source = chain("tok_500", "tok_visa")
+    seen = [api.post("/v1/payments", payment(source), key=key) for _ in range(2)]
+    t.ok(size > 65536 and [r.status for r in seen] == [502, 201] and
+         len(charges(key, 2)) == 1 and generation(key) == "2",
+         f"a list page of {size} bytes: reconciled, one charge under generation 2",
+         (size, seen))
+
 if scenario("no-payment-method"):
     key = new_key("st")
     body = payment()

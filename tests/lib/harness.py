@@ -569,7 +569,8 @@ class StripeMock:
 
     def __init__(self, port=None):
         self.port = port or free_port()
-        self.logpath = os.path.join(TMP, f"stripe-mock-{self.port}.log")
+        self.name = f"stripe-mock-{self.port}"
+        self.logpath = os.path.join(TMP, f"{self.name}.log")
         self.proc = None
 
     @property

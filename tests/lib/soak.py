@@ -37,7 +37,8 @@ import subprocess
 import threading
 import time
 
-from harness import Api, Provider, TMP, alive, cluster, get, post, request, sql
+from harness import (STRIPE_SECRET, Api, DbProxy, Provider, StripeMock, TMP, alive,
+                     cluster, get, post, request, sql)
 
 PATHS = {"order": "/v1/orders", "bonus": "/v1/bonuses",
          "transfer": "/v1/bonuses/transfers", "payment": "/v1/payments",
@@ -61,14 +62,19 @@ OTHER_FAULTS = FAULTS[1:]
 class Config:
     """The soak's size and settings. With from_env the environment
     overrides them (SOAK_KEYS, SOAK_SECONDS, SOAK_GROUPS,
-    SOAK_SETTLE_SECONDS); SOAK_SEED always, to replay a run's plan and
-    order of faults."""
+    SOAK_SETTLE_SECONDS, SOAK_PROVIDER); SOAK_SEED always, to replay a run's
+    plan and order of faults. provider: "fake" (the fake provider) or
+    "stripe" (the Stripe adapter against stripe-stateful-mock)."""
 
     def __init__(self, keys=10000, seconds=300, seed=None, groups=40,
                  settle_seconds=300, gap=(2.0, 6.0), kill_gap=(2.0, 5.0),
-                 abandon=0.15, chaos_retries=6, http_timeout=30, from_env=True):
+                 abandon=0.15, chaos_retries=6, http_timeout=30, from_env=True,
+                 provider="fake"):
         env = os.environ if from_env else {"SOAK_SEED": os.environ.get("SOAK_SEED")}
         env = {k: v for k, v in env.items() if v}
+        self.provider = env.get("SOAK_PROVIDER", provider)
+        if self.provider not in ("fake", "stripe"):
+            raise ValueError(f"SOAK_PROVIDER={self.provider}: fake or stripe")
         self.keys = int(env.get("SOAK_KEYS", keys))
         self.seconds = float(env.get("SOAK_SECONDS", seconds))
         seed = env.get("SOAK_SEED", seed)
@@ -212,26 +218,40 @@ def make_plan(cfg, run):
             amount = rng.randint(200, 100000)
             x = rng.random()
             refunds = 0
+            stripe = cfg.provider == "stripe"
+            method = "tok_visa"
             if x < 0.10:
-                recipient = "fail"
+                # Fails for ever: the fake's 500, Stripe's kept 500 (every
+                # attempt reconciled, then a new generation that fails).
+                recipient, method = "fail", "tok_500"
             elif x < 0.15:
-                recipient = "slow"
+                # The fake thinks past the timeout; Stripe's first answer is
+                # a kept 500, reconciled, then the next generation charged.
+                recipient, method = "slow", f"tok_500|tok_visa|soak-{run}-{n}"
             elif x < 0.18:
-                recipient = "decline"
+                recipient, method = "decline", "tok_chargeDeclined"
             elif x < 0.20:
                 recipient = "reject"
+                if stripe:
+                    amount = 100000000     # amount_too_large
             else:
                 refunds = rng.choice((1, 1, 2)) if rng.random() < 0.375 else 0
                 refunds = min(refunds, cfg.keys - n - 1)
                 if refunds:
                     y = rng.random()
-                    recipient = ("refund-fail" if y < 0.10 else
-                                 "refund-slow" if y < 0.15 else f"acc-{rng.randrange(1000)}")
+                    # Stripe's mock has no failing refunds.
+                    recipient = ("refund-fail" if y < 0.10 and not stripe else
+                                 "refund-slow" if y < 0.15 and not stripe else
+                                 f"acc-{rng.randrange(1000)}")
                 else:
                     recipient = f"acc-{rng.randrange(1000)}"
             body = {"amount": amount, "currency": "RUB", "recipient": recipient,
                     "purpose": f"soak payment {n}"}
+            if stripe:
+                body["recipient"] = f"acc-{rng.randrange(1000)}"
+                body["payment_method"] = method
             k = Key(op, client, key(op, n), body, never=recipient == "fail", abandon=abandon)
+            k.magic = (method if stripe else recipient) if x < 0.20 else None
             for j in range(refunds):
                 r = Key("refund", client, key("refund", f"{n}.{j}"),
                         {"amount": rng.randint(1, amount // 2), "reason": "soak refund"},
@@ -271,10 +291,21 @@ class Soak:
 
     def start(self):
         c = self.cfg
-        self.provider = Provider(name="soak-provider",
-                                 IDEM_PROVIDER_LATENCY_MS=c.provider_latency_ms,
-                                 IDEM_PROVIDER_TIMEOUT_MS=c.provider_timeout_ms).start()
-        env = {"IDEM_PROVIDER_URL": self.provider.url,
+        self.proxy = None
+        if c.provider == "stripe":
+            # A provider outage is a proxy that holds and cuts connections:
+            # the mock keeps its state in memory, as Stripe keeps its.
+            self.provider = StripeMock().start()
+            self.proxy = DbProxy(target=self.provider.port)
+            url = f"http://127.0.0.1:{self.proxy.port}"
+            kind = {"IDEM_PROVIDER_KIND": "stripe", "IDEM_PROVIDER_SECRET": STRIPE_SECRET}
+        else:
+            self.provider = Provider(name="soak-provider",
+                                     IDEM_PROVIDER_LATENCY_MS=c.provider_latency_ms,
+                                     IDEM_PROVIDER_TIMEOUT_MS=c.provider_timeout_ms).start()
+            url = self.provider.url
+            kind = {}
+        env = {"IDEM_PROVIDER_URL": url, **kind,
                "IDEM_LEASE_SECONDS": c.lease_seconds,
                "IDEM_PROVIDER_TIMEOUT_MS": c.provider_timeout_ms,
                "IDEM_RECOVERY_AFTER_SECONDS": 2,
@@ -427,6 +458,10 @@ class Soak:
             if not self.wait(lambda: api.read_log().count("reloaded '") >= before + 2, 30):
                 self.defects.append(f"{api.name}: a reload at {t0 - self.t0:.1f}s did not "
                                     "reach both workers within 30 s")
+        elif kind == "provider_down" and self.proxy is not None:
+            self.proxy.black_hole()
+            time.sleep(rng.uniform(2, 4))
+            self.proxy.restore()
         elif kind == "provider_down":
             self.provider.kill9()
             time.sleep(rng.uniform(2, 4))
@@ -651,12 +686,15 @@ class Soak:
             refund_status[c, k] = st
             if st == "succeeded":
                 refunds[pr] = (f"{c}:{k}", amount)
-        charges = {ch: (k, amount) for k, ch, amount in rows(
-            "select idempotency_key, charge_id, amount from provider.charges"
-            f" where idempotency_key like {'shop-_:soak-' + self.run + '-%'!r}")}
-        prefunds = {r: (k, amount) for k, r, amount in rows(
-            "select idempotency_key, refund_id, amount from provider.refunds"
-            f" where idempotency_key like {'shop-_:soak-' + self.run + '-%'!r}")}
+        if self.cfg.provider == "stripe":
+            charges, prefunds = self.stripe_books()
+        else:
+            charges = {ch: (k, amount) for k, ch, amount in rows(
+                "select idempotency_key, charge_id, amount from provider.charges"
+                f" where idempotency_key like {'shop-_:soak-' + self.run + '-%'!r}")}
+            prefunds = {r: (k, amount) for k, r, amount in rows(
+                "select idempotency_key, refund_id, amount from provider.refunds"
+                f" where idempotency_key like {'shop-_:soak-' + self.run + '-%'!r}")}
         charge_count = collections.Counter(k for k, _ in charges.values())
         refund_count = collections.Counter(k for k, _ in prefunds.values())
 
@@ -816,6 +854,28 @@ class Soak:
 
     # The figures.
 
+    def stripe_books(self):
+        """The mock's succeeded charges and its refunds of this run, by id:
+        (the client's derived key of generation 1, amount). A key of a
+        later generation (<client>:<key>:<n>) counts for its key."""
+        prefix = f"soak-{self.run}-"
+
+        def base(derived):
+            client, _, rest = derived.partition(":")
+            key = rest.rsplit(":", 1)[0] if rest.count(":") else rest
+            return f"{client}:{key}" if key.startswith(prefix) else None
+
+        charges, refunds = {}, {}
+        for c in self.provider._all("charges"):
+            k = base((c.get("metadata") or {}).get("idempotency_key", ""))
+            if k and c.get("status") == "succeeded":
+                charges[c["id"]] = (k, c["amount"])
+        for r in self.provider._all("refunds"):
+            k = base((r.get("metadata") or {}).get("idempotency_key", ""))
+            if k and r.get("status") == "succeeded":
+                refunds[r["id"]] = (k, r["amount"])
+        return charges, refunds
+
     def figures(self):
         keys = self.sent_keys()
         by_op = collections.Counter(k.op for k in keys)
@@ -829,12 +889,10 @@ class Soak:
         for k in keys:
             f = k.final()
             ends[f.label() if f else ("never (provider always fails)" if k.never else "none")] += 1
-        never = collections.Counter(k.body.get("recipient") if k.op == "payment" else "refund-fail"
-                                    for k in keys if k.never)
         magic = collections.Counter()
         for k in keys:
-            if k.op == "payment" and k.body["recipient"] in ("fail", "slow", "decline", "reject"):
-                magic["payments to " + k.body["recipient"]] += 1
+            if k.op == "payment" and getattr(k, "magic", None):
+                magic["payments with " + k.magic.split("|soak")[0]] += 1
             if k.op == "refund" and k.parent.body["recipient"] in ("refund-fail", "refund-slow"):
                 magic["refunds of " + k.parent.body["recipient"]] += 1
         times = sorted(a.seconds for k in keys for a in k.answers)
@@ -860,14 +918,14 @@ class Soak:
         acked_chaos = sum(1 for k in keys if any(is_final(a) for a in k.answers
                                                  if a.phase == "chaos"))
         lines = [
-            f"seed {self.cfg.seed} (SOAK_SEED), run {self.run}",
+            f"seed {self.cfg.seed} (SOAK_SEED), run {self.run}, provider {self.cfg.provider}",
             f"keys: {len(keys)} ({', '.join(f'{op} {by_op[op]}' for op in OPS)});"
             f" {sum(1 for k in keys if k.abandon)} not retried by their client in the chaos;"
             f" {self.unsent_roots} planned but not sent in time",
             f"requests: {phases['chaos']} in the chaos phase (3 concurrent duplicates per key"
             f" and their retries), {phases['settle']} in the settle phase",
             "faults injected: " + ", ".join(f"{f} {self.faults[f]}" for f in FAULTS),
-            "provider misbehaving by recipient: " + ", ".join(f"{m} {n}" for m, n in sorted(magic.items())),
+            "provider misbehaving by its test recipient or token: " + ", ".join(f"{m} {n}" for m, n in sorted(magic.items())),
             f"answers by status: " + ", ".join(f"{s}: {n}" for s, n in sorted(answers.items())),
             f"latency: p50 {pct(0.5):.3f} s, p99 {pct(0.99):.3f} s, max {pct(1):.3f} s;"
             f" answers after 4 s or more: {sum(slow.values())}" +
