@@ -201,6 +201,7 @@ static const struct provider_op	stripe_ops[] = {
 			{ "source", FROM_MEMBER, "payment_method",
 			    PARAM_REQUIRED },
 			{ "metadata[idempotency_key]", FROM_KEY, NULL, 0 },
+			{ "metadata[recipient]", FROM_MEMBER, "recipient", 0 },
 		},
 		.id = "id",
 		.list = LIST_SINCE,

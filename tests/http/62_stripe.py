@@ -215,6 +215,40 @@ if scenario("killed"):
          "SIGKILL mid-call: the recovery job saves the one charge, the retry gets it", r)
     recoverer.stop()
 
+if scenario("strategies"):
+    # The strategies compared against a provider written by others: the API
+    # is killed while the charge is on the wire (a proxy holds it 2 s, then
+    # the mock charges), and the client retries. The lease strategy's retry
+    # gets that charge with the same derived key; the fresh provider key's
+    # and the naive check-then-write's charge again.
+    proxy = DbProxy(delay=2.0, target=mock.port)
+    slow_env = dict(STRIPE, IDEM_PROVIDER_URL=f"http://127.0.0.1:{proxy.port}",
+                    IDEM_LEASE_SECONDS=4, IDEM_PROVIDER_TIMEOUT_MS=3500)
+    paths = {"lease": "/v1/payments", "fresh provider key": "/demo/fresh-provider-key/payments",
+             "naive": "/demo/naive/payments"}
+    for strategy, want in (("lease", 1), ("fresh provider key", 2), ("naive", 2)):
+        slow = Api(name=f"api-{new_key('strategy')}", **slow_env).start()
+        key, rcpt = new_key("st"), new_key("acc")
+        body = dict(payment(), recipient=rcpt)
+        before = proxy.accepted
+        call = Background(slow.post, paths[strategy], body, key=key)
+        wait_until(lambda: proxy.accepted > before, "the call to reach the proxy")
+        slow.kill9()
+        call.cut()
+
+        def at_mock():
+            return [c for c in mock._all("charges")
+                    if (c.get("metadata") or {}).get("recipient") == rcpt and
+                    c.get("status") == "succeeded"]
+        wait_until(lambda: len(at_mock()) == 1, "the mock to charge", timeout=20)
+        if strategy != "naive":
+            wait_until(lambda: not key_row(key)["leased"], "the dead worker's lease to end",
+                       timeout=20)
+        retry = api.post(paths[strategy], body, key=key)
+        t.ok(retry.status == 201 and len(at_mock()) == want,
+             f"API killed after Stripe charged, then a retry / {strategy}: 201, "
+             f"{want} charge{'s' if want > 1 else ''} at the mock", (retry, len(at_mock())))
+
 if scenario("wrong-secret"):
     wrong = Api(name="api-wrong", **dict(STRIPE, IDEM_PROVIDER_SECRET="rk_live_wrong")).start()
     key = new_key("st")
