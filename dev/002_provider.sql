@@ -65,24 +65,45 @@ comment on table provider.kept_answers is
     'With IDEM_FAKE_PROVIDER_KEEPS_5XX=1: the 500 a key got, replayed to '
     'every later request with that key, as Stripe API v1 does.';
 
--- Whether a request fails with a 500: its refusal says so, or its magic
--- recipient fails the first two keys that ask (fail-twice..., for
--- charges; refund-fail-twice..., the charge's, for refunds), the case of
--- an answer kept under its key that a later key gets past.
-create or replace function provider.fails(p_kind text, p_key text,
-    p_recipient text, p_refusal int)
+-- What a request is answered before anything is made: the 500 kept under
+-- its key (with p_keeps), else its refusal (decided by the magic
+-- recipients), else a 500 when its magic recipient fails the first two
+-- keys that ask (fail-twice..., for charges; refund-fail-twice..., the
+-- charge's, for refunds: an answer kept under its key that a later key
+-- gets past); null to go on. With p_keeps a 5xx is kept under the key.
+create or replace function provider.refused(p_kind text, p_key text,
+    p_recipient text, p_refusal int, p_keeps boolean)
 returns int
-language sql stable as $$
-	select case
-	    when p_refusal is not null then p_refusal
+language plpgsql as $$
+declare
+	v_status	int;
+begin
+	select k.status into v_status from provider.kept_answers k
+	 where p_keeps and k.kind = p_kind and k.idempotency_key = p_key;
+	if found then
+		return v_status;
+	end if;
+
+	v_status := coalesce(p_refusal, case
 	    when p_recipient like (case p_kind when 'charge' then 'fail-twice%'
 		else 'refund-fail-twice%' end)
 		and (select count(distinct q.idempotency_key)
 		       from provider.requests q
 		      where q.kind = p_kind and q.recipient = p_recipient
 			and q.status = 500 and q.idempotency_key <> p_key) < 2
-	    then 500 end;
+	    then 500 end);
+
+	if p_keeps and v_status >= 500 then
+		insert into provider.kept_answers
+		values (p_kind, p_key, v_status)
+		on conflict do nothing;
+	end if;
+
+	return v_status;
+end;
 $$;
+
+drop function if exists provider.fails(text, text, text, int);
 
 drop function if exists provider.charge(text, bigint, text, text, int, int);
 drop function if exists provider.refund(text, text, bigint, int, int);
@@ -108,18 +129,8 @@ declare
 begin
 	created := false;
 
-	-- A 500 kept under the key is its answer from then on.
-	select k.status into status from provider.kept_answers k
-	 where p_keeps and k.kind = 'charge' and k.idempotency_key = p_key;
-	if status is null then
-		status := provider.fails('charge', p_key, p_recipient,
-		    p_refusal);
-		if p_keeps and status >= 500 then
-			insert into provider.kept_answers
-			values ('charge', p_key, status)
-			on conflict do nothing;
-		end if;
-	end if;
+	status := provider.refused('charge', p_key, p_recipient, p_refusal,
+	    p_keeps);
 
 	if status is not null then
 		null;
@@ -231,17 +242,8 @@ begin
 	 where c.charge_id = p_charge_id
 	   for update;
 
-	select k.status into status from provider.kept_answers k
-	 where p_keeps and k.kind = 'refund' and k.idempotency_key = p_key;
-	if status is null then
-		status := provider.fails('refund', p_key, v_charge.recipient,
-		    p_refusal);
-		if p_keeps and status >= 500 then
-			insert into provider.kept_answers
-			values ('refund', p_key, status)
-			on conflict do nothing;
-		end if;
-	end if;
+	status := provider.refused('refund', p_key, v_charge.recipient,
+	    p_refusal, p_keeps);
 
 	if status is not null then
 		null;

@@ -51,6 +51,7 @@ static void	naive_free(struct idem_request *);
 /* A new random provider key on every attempt. */
 static const struct lease_call	fresh_key_call = {
 	.noun = "payment",
+	.provider_op = "payments.create",
 	.declined = PROBLEM_CARD_DECLINED,
 	.rejected = PROBLEM_PAYMENT_REJECTED,
 	.fresh_key = 1,

@@ -216,6 +216,8 @@ lease_attempt_init(struct lease_attempt *a, const struct lease_call *call,
     const char *lease, u_int32_t generation)
 {
 	a->call = call;
+	if (call->provider_op != NULL)
+		operation = call->provider_op;
 	if ((a->op = provider_op(operation)) == NULL)
 		fatal("%s: provider %s has no call for %s", __func__,
 		    provider->kind, operation);

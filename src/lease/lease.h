@@ -29,6 +29,12 @@ struct lease_call {
 
 	/* The fresh-provider-key demo: a new provider key per attempt. */
 	int		fresh_key;
+
+	/*
+	 * The provider call it makes, when not its own operation's (the demos
+	 * charge as payments.create does).
+	 */
+	const char	*provider_op;
 };
 
 #define LEASE_PROVIDER_KEY_MAX	(AUTH_CLIENT_ID_MAX + IDEM_KEY_MAX + 16)

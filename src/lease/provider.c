@@ -36,6 +36,7 @@
 
 #include "idem.h"
 #include "problem.h"
+#include "lease.h"
 #include "provider.h"
 #include "settings.h"
 
@@ -146,18 +147,6 @@ static const struct provider_op	fake_ops[] = {
 		.list = LIST_BY_KEY,
 		.list_items = "refunds",
 	},
-	{
-		.operation = "demo.fresh-provider-key",
-		.path = "/v1/charges",
-		.params = {
-			{ "amount", FROM_MEMBER, "amount", 0 },
-			{ "currency", FROM_MEMBER, "currency", 0 },
-			{ "recipient", FROM_MEMBER, "recipient", 0 },
-		},
-		.id = "charge_id",
-		.list = LIST_BY_KEY,
-		.list_items = "charges",
-	},
 };
 
 static const struct provider_op	stripe_ops[] = {
@@ -191,21 +180,6 @@ static const struct provider_op	stripe_ops[] = {
 		.list_items = "data",
 		.list_arg = "charge",
 		.list_member = "charge_id",
-	},
-	{
-		.operation = "demo.fresh-provider-key",
-		.path = "/v1/charges",
-		.params = {
-			{ "amount", FROM_MEMBER, "amount", 0 },
-			{ "currency", FROM_MEMBER, "currency", PARAM_LOWER },
-			{ "source", FROM_MEMBER, "payment_method",
-			    PARAM_REQUIRED },
-			{ "metadata[idempotency_key]", FROM_KEY, NULL, 0 },
-			{ "metadata[recipient]", FROM_MEMBER, "recipient", 0 },
-		},
-		.id = "id",
-		.list = LIST_SINCE,
-		.list_items = "data",
 	},
 };
 
@@ -259,7 +233,9 @@ static void	append_value(struct kore_buf *, int, const char *,
 void
 provider_select(void)
 {
-	size_t		i;
+	const struct lease_call	*call;
+	const char		*name;
+	size_t			i;
 
 	provider = NULL;
 	for (i = 0; i < sizeof(providers) / sizeof(providers[0]); i++) {
@@ -277,11 +253,13 @@ provider_select(void)
 	}
 
 	for (i = 0; i < idem_nroutes; i++) {
-		if (idem_routes[i].op->call == NULL)
+		if ((call = idem_routes[i].op->call) == NULL)
 			continue;
-		if (provider_op(idem_routes[i].op->name) == NULL) {
+		name = call->provider_op != NULL ? call->provider_op :
+		    idem_routes[i].op->name;
+		if (provider_op(name) == NULL) {
 			fatal("provider %s has no call for the lease operation "
-			    "%s", provider->kind, idem_routes[i].op->name);
+			    "%s", provider->kind, name);
 		}
 	}
 }
