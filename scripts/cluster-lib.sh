@@ -343,9 +343,11 @@ cluster_databases_start() {
 # while it was being stopped, and leave the next start half a failover.
 cluster_databases_stop() {
 	local name pgid i primary order
+	# None when the monitor is down already (a make cluster-reset after a
+	# stop): set -e must not end the stop there.
 	primary=$(monitor_sql "select nodename from pgautofailover.node
 	    where goalstate in ('primary', 'wait_primary', 'single') limit 1" \
-	    2>/dev/null)
+	    2>/dev/null) || primary=""
 	case "$primary" in
 	node1) order="node2 node1" ;;
 	node2) order="node1 node2" ;;
