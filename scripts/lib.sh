@@ -121,7 +121,9 @@ apply_sql() {
 	local url=$1 f
 	shift
 	for f in "$@"; do
-		if ! psql "$url" -X -q -v ON_ERROR_STOP=1 -o /dev/null -f "$f"; then
+		# One transaction per file: the instances serving meanwhile see
+		# it all or none of it (a function dropped and made again).
+		if ! psql "$url" -X -q -1 -v ON_ERROR_STOP=1 -o /dev/null -f "$f"; then
 			echo "$(basename "$f") failed; the files after it were not applied" >&2
 			return 1
 		fi

@@ -32,10 +32,13 @@ drop function if exists payment_recover_release(text, text, bigint, int,
 -- <client>:<key>:<n>. It moves only from an indeterminate answer (a 5xx
 -- the provider keeps under the key and replays) once the provider has
 -- said that no operation of this key exists (lease_generation()).
+-- (No check constraint: adding one would scan the table under its lock.)
 alter table idempotency_keys add column if not exists provider_generation
-    int not null default 1 check (provider_generation >= 1);
+    int not null default 1;
 alter table idempotency_keys add column if not exists indeterminate boolean
     not null default false;
+alter table idempotency_keys add column if not exists indeterminate_at
+    timestamptz;
 
 comment on column idempotency_keys.provider_generation is
     'Lease strategy: the generation of the provider key this key sends '
@@ -46,6 +49,9 @@ comment on column idempotency_keys.indeterminate is
     'was indeterminate (a 5xx the provider keeps under the key): the next '
     'attempt asks the provider whether the operation exists before it '
     'sends anything.';
+comment on column idempotency_keys.indeterminate_at is
+    'Lease strategy: when the last indeterminate answer came; a '
+    'reconciliation lists what the provider made up to then.';
 
 -- The shapes before generations answered fewer columns: dropped once,
 -- so that these can be made with the new ones.
@@ -57,7 +63,8 @@ begin
 	     where p.proname in ('lease_answer', 'lease_reserve',
 		   'lease_recover_claim')
 	       and p.pronamespace = current_schema()::regnamespace
-	       and pg_get_function_result(p.oid) not like '%generation%'
+	       and (pg_get_function_result(p.oid) not like '%reconcile_until%'
+		    or p.proname = 'lease_recover_claim' and p.pronargs = 3)
 	loop
 		execute format('drop function %s', v_fn);
 	end loop;
@@ -74,7 +81,8 @@ create or replace function lease_answer(p_client text, p_key text,
     p_operation text, p_fingerprint text)
 returns table (outcome text, lease_id bigint, status_code int,
     response text, retry_after int, request jsonb, generation int,
-    reconcile boolean, taken_at double precision)
+    reconcile boolean, taken_at double precision,
+    reconcile_until double precision)
 language sql stable as $$
 	select case when k.operation <> p_operation or
 		    k.fingerprint <> p_fingerprint then 'mismatch'
@@ -85,7 +93,8 @@ language sql stable as $$
 	       greatest(1, ceil(extract(epoch from least(k.locked_until,
 		   coalesce(k.call_deadline, k.locked_until)) - now())))::int,
 	       null::jsonb, k.provider_generation, k.indeterminate,
-	       extract(epoch from k.created_at)::double precision
+	       extract(epoch from k.created_at)::double precision,
+	       extract(epoch from k.indeterminate_at)::double precision
 	  from idempotency_keys k
 	 where k.client_id = p_client and k.idem_key = p_key;
 $$;
@@ -108,7 +117,8 @@ create or replace function lease_reserve(p_client text, p_key text,
     p_lease_seconds int, p_call_ms int)
 returns table (outcome text, lease_id bigint, status_code int,
     response text, retry_after int, request jsonb, generation int,
-    reconcile boolean, taken_at double precision)
+    reconcile boolean, taken_at double precision,
+    reconcile_until double precision)
 language plpgsql as $$
 declare
 	v_lease		bigint;
@@ -116,6 +126,7 @@ declare
 	v_generation	int;
 	v_reconcile	boolean;
 	v_taken		double precision;
+	v_until		double precision;
 	v_admit		regproc;
 	v_status	int;
 	v_response	text;
@@ -151,8 +162,8 @@ begin
 	   and k.operation = excluded.operation
 	   and k.fingerprint = excluded.fingerprint
 	returning k.lease_id, k.request, k.provider_generation, k.indeterminate,
-	    extract(epoch from k.created_at)
-	  into v_lease, v_request, v_generation, v_reconcile, v_taken;
+	    extract(epoch from k.created_at), extract(epoch from k.indeterminate_at)
+	  into v_lease, v_request, v_generation, v_reconcile, v_taken, v_until;
 
 	if not found then
 		-- Another attempt took or finished the key meanwhile.
@@ -165,7 +176,7 @@ begin
 	if v_lease > 1 then
 		return query select 'taken_over'::text, v_lease, null::int,
 		    null::text, null::int, v_request, v_generation,
-		    v_reconcile, v_taken;
+		    v_reconcile, v_taken, v_until;
 		return;
 	end if;
 
@@ -182,7 +193,8 @@ begin
 			 where k.client_id = p_client and k.idem_key = p_key;
 			return query select 'refused'::text, null::bigint,
 			    v_status, v_response, v_retry, null::jsonb,
-			    null::int, null::boolean, null::double precision;
+			    null::int, null::boolean, null::double precision,
+			    null::double precision;
 			return;
 		end if;
 
@@ -196,7 +208,7 @@ begin
 	end if;
 
 	return query select 'reserved'::text, v_lease, null::int, null::text,
-	    null::int, v_request, v_generation, v_reconcile, v_taken;
+	    null::int, v_request, v_generation, v_reconcile, v_taken, v_until;
 end;
 $$;
 
@@ -333,12 +345,14 @@ comment on function lease_release(text, text, bigint) is
 -- that is recovered, exactly as a retry would (lease_id + 1, and the
 -- deadline of its provider call of p_call_ms). A key is due p_after_seconds
 -- after its lease ended, the client's time to retry on its own; once the
--- job has tried it, at recover_at.
+-- job has tried it, at recover_at. p_operations: the lease operations the
+-- calling build can run (a key of another is left to an instance that
+-- knows it; null: any).
 create or replace function lease_recover_claim(p_after_seconds int,
-    p_lease_seconds int, p_call_ms int)
+    p_lease_seconds int, p_call_ms int, p_operations text[] default null)
 returns table (client_id text, idem_key text, lease_id bigint,
     operation text, request jsonb, generation int, reconcile boolean,
-    taken_at double precision)
+    taken_at double precision, reconcile_until double precision)
 language sql as $$
 	-- Chosen once (see idempotency_cleanup()): as a subquery of the
 	-- update it could run again for every row and claim several keys,
@@ -352,6 +366,7 @@ language sql as $$
 		   and c.status = 'in_progress'
 		   and c.operation in (select o.operation from idem_operations o
 			where o.strategy = 'lease' and o.recover)
+		   and (p_operations is null or c.operation = any (p_operations))
 		 order by coalesce(c.recover_at, c.locked_until +
 			   make_interval(secs => p_after_seconds))
 		 limit 1
@@ -364,10 +379,11 @@ language sql as $$
 	 where k.client_id = a.client_id and k.idem_key = a.idem_key
 	returning k.client_id, k.idem_key, k.lease_id, k.operation, k.request,
 	    k.provider_generation, k.indeterminate,
-	    extract(epoch from k.created_at)::double precision;
+	    extract(epoch from k.created_at)::double precision,
+	    extract(epoch from k.indeterminate_at)::double precision;
 $$;
 
-comment on function lease_recover_claim(int, int, int) is
+comment on function lease_recover_claim(int, int, int, text[]) is
     'Recovery: claims one key abandoned for more than p_after_seconds (or, '
     'after an attempt of the job, due again at recover_at) with a new lease '
     'and fencing token, and returns what is needed to call the provider '
@@ -424,6 +440,8 @@ begin
 	update idempotency_keys k
 	   set locked_until = now(),
 	       indeterminate = k.indeterminate or p_indeterminate,
+	       indeterminate_at = case when p_indeterminate then now()
+		   else k.indeterminate_at end,
 	       recovery_attempts = k.recovery_attempts +
 		   case when p_base is null then 0 else 1 end,
 	       recover_at = case when p_base is null then k.recover_at
@@ -450,22 +468,27 @@ comment on function lease_release(text, text, bigint, boolean, int, int) is
 -- the next attempt sends the next generation of the provider key. Only
 -- under this attempt's lease, only from the generation p_generation it
 -- reconciled and only while that one is indeterminate, so that a
--- generation is never skipped nor sent again once given up. Null if
--- fenced or moved meanwhile.
+-- generation is never skipped nor sent again once given up. The lease and
+-- the call's deadline start again, as when the key was taken: the
+-- reconciliation took some of them. Null if fenced or moved meanwhile.
 create or replace function lease_generation(p_client text, p_key text,
-    p_lease bigint, p_generation int)
+    p_lease bigint, p_generation int, p_lease_seconds int, p_call_ms int)
 returns int
 language sql as $$
 	update idempotency_keys k
 	   set provider_generation = k.provider_generation + 1,
-	       indeterminate = false
+	       indeterminate = false,
+	       locked_until = now() + make_interval(secs => p_lease_seconds),
+	       call_deadline = now() + make_interval(secs => p_call_ms / 1000.0)
 	 where k.client_id = p_client and k.idem_key = p_key
 	   and k.lease_id = p_lease and k.status = 'in_progress'
 	   and k.provider_generation = p_generation and k.indeterminate
 	returning k.provider_generation;
 $$;
 
-comment on function lease_generation(text, text, bigint, int) is
+drop function if exists lease_generation(text, text, bigint, int);
+
+comment on function lease_generation(text, text, bigint, int, int, int) is
     'Lease strategy, after a reconciliation found nothing: moves the key to '
-    'the next generation of its provider key, under the lease. Null if '
-    'fenced.';
+    'the next generation of its provider key, under the lease, with a new '
+    'lease and call deadline. Null if fenced.';

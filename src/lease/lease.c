@@ -41,16 +41,18 @@
 
 #define LEASE_RESERVE_SQL						\
 	"SELECT outcome, lease_id, status_code, response, retry_after, "	\
-	"request, generation, reconcile, taken_at FROM lease_reserve($1, "	\
+	"request, generation, reconcile, taken_at, reconcile_until FROM "	\
+	"lease_reserve($1, "						\
 	"$2, $3, $4, $5::jsonb, $6::int, $7::int)"
 
 #define LEASE_CLAIM_SQL							\
 	"SELECT client_id, idem_key, lease_id, operation, request, "	\
-	"generation, reconcile, taken_at FROM "				\
-	"lease_recover_claim($1::int, $2::int, $3::int)"
+	"generation, reconcile, taken_at, reconcile_until FROM "		\
+	"lease_recover_claim($1::int, $2::int, $3::int, $4::text[])"
 
 #define LEASE_GENERATION_SQL						\
-	"SELECT lease_generation($1, $2, $3::bigint, $4::int) AS generation"
+	"SELECT lease_generation($1, $2, $3::bigint, $4::int, $5::int, "	\
+	"$6::int) AS generation"
 
 #define LEASE_COMPLETE_SQL						\
 	"SELECT outcome, status_code, response, status FROM "		\
@@ -99,7 +101,7 @@ static void	flow_db_reset(struct lease_flow *);
 static int	listed(struct lease_flow *);
 static void	list_path(struct kore_buf *, struct lease_flow *);
 static int	generation_of(const struct lease_attempt *, const char *,
-		    size_t);
+		    size_t, struct json_value *);
 
 static int	lease_flow_step(struct http_request *);
 static int	lease_respond(struct http_request *);
@@ -246,7 +248,8 @@ lease_attempt_call(struct lease_attempt *a, const char *request,
 		v = json_parse((const u_int8_t *)request, len, err,
 		    sizeof(err));
 		kore_buf_init(&body, 256);
-		provider_body(&body, a->op, v, a->provider_key, a->client_id);
+		provider_body(&body, a->op, v, a->provider_key, a->client_id,
+		    a->generation);
 		json_free(v);
 		a->pcall.req = req;
 		provider_call_start(&a->pcall, a->op->path, a->provider_key,
@@ -335,8 +338,10 @@ flow_reserve(struct lease_flow *f)
 static int
 flow_claim(struct lease_flow *f)
 {
-	const char	*params[3];
+	struct kore_buf	ops;
+	const char	*params[4];
 	char		after[16], lease[16], call[16];
+	size_t		i;
 	int		ret;
 
 	(void)snprintf(after, sizeof(after), "%u",
@@ -344,11 +349,25 @@ flow_claim(struct lease_flow *f)
 	(void)snprintf(lease, sizeof(lease), "%u", settings.lease_seconds);
 	(void)snprintf(call, sizeof(call), "%u", settings.provider_timeout_ms);
 
+	/* The lease operations of this build: a key of another is not its. */
+	kore_buf_init(&ops, 128);
+	kore_buf_append(&ops, "{", 1);
+	for (i = 0; i < idem_nroutes; i++) {
+		if (idem_routes[i].op->call == NULL)
+			continue;
+		kore_buf_appendf(&ops, "%s%s", ops.offset > 1 ? "," : "",
+		    idem_routes[i].op->name);
+	}
+	kore_buf_append(&ops, "}", 1);
+
 	params[0] = after;
 	params[1] = lease;
 	params[2] = call;
+	params[3] = kore_buf_stringify(&ops, NULL);
 
-	if ((ret = flow_query(f, LEASE_CLAIM_SQL, 3, params)) != LEASE_NEXT)
+	ret = flow_query(f, LEASE_CLAIM_SQL, 4, params);
+	kore_buf_cleanup(&ops);
+	if (ret != LEASE_NEXT)
 		return (ret);
 
 	f->state = LEASE_DECIDE;
@@ -417,6 +436,10 @@ flow_decide(struct lease_flow *f)
 	    (u_int32_t)strtoul(db_call_field(f->db, "generation"), NULL, 10));
 	f->reconcile = !strcmp(db_call_field(f->db, "reconcile"), "t");
 	f->taken_at = (int64_t)strtod(db_call_field(f->db, "taken_at"), NULL);
+	f->reconcile_until = (int64_t)strtod(db_call_field(f->db,
+	    "reconcile_until"), NULL);
+	f->lease_ends = kore_time_ms() +
+	    (u_int64_t)settings.lease_seconds * 1000;
 
 	/* What the provider is sent: the request as the key row keeps it. */
 	kore_buf_reset(&f->request);
@@ -451,6 +474,25 @@ flow_reconcile(struct lease_flow *f)
 {
 	struct lease_attempt	*a = &f->attempt;
 	struct kore_buf		path;
+
+	/*
+	 * A page is asked for only while a whole provider call still fits
+	 * in the lease: past it another attempt may hold the key.
+	 */
+	if (!a->calling && kore_time_ms() +
+	    settings.provider_timeout_ms >= f->lease_ends) {
+		kore_log(LOG_ERR, "could not reconcile %s:%s (generation %u) "
+		    "within its lease (%d pages read)", a->client_id, a->key,
+		    a->generation, f->pages);
+		a->answer = &provider_answer_unresolved;
+		(void)snprintf(a->pcall.detail, sizeof(a->pcall.detail),
+		    "the payment provider could not be asked in time whether "
+		    "this %s was made", a->call->noun);
+		f->state = LEASE_RELEASE;
+		f->pages = 0;
+		f->after[0] = '\0';
+		return (LEASE_NEXT);
+	}
 
 	if (!a->calling) {
 		kore_buf_init(&path, 256);
@@ -520,17 +562,21 @@ static int
 flow_generation(struct lease_flow *f)
 {
 	struct lease_attempt	*a = &f->attempt;
-	const char		*params[4];
-	char			gen[16];
+	const char		*params[6];
+	char			gen[16], lease[16], call[16];
 	int			ret;
 
 	(void)snprintf(gen, sizeof(gen), "%u", a->generation);
+	(void)snprintf(lease, sizeof(lease), "%u", settings.lease_seconds);
+	(void)snprintf(call, sizeof(call), "%u", settings.provider_timeout_ms);
 	params[0] = a->client_id;
 	params[1] = a->key;
 	params[2] = a->lease_id;
 	params[3] = gen;
+	params[4] = lease;
+	params[5] = call;
 
-	if ((ret = flow_query(f, LEASE_GENERATION_SQL, 4, params)) !=
+	if ((ret = flow_query(f, LEASE_GENERATION_SQL, 6, params)) !=
 	    LEASE_NEXT)
 		return (ret);
 
@@ -541,6 +587,9 @@ flow_generation(struct lease_flow *f)
 
 	a->generation = (u_int32_t)strtoul(db_call_value(f->db, 0), NULL, 10);
 	f->reconcile = 0;
+	/* lease_generation() gave the lease a new start. */
+	f->lease_ends = kore_time_ms() +
+	    (u_int64_t)settings.lease_seconds * 1000;
 	flow_db_reset(f);
 	f->state = LEASE_CALL;
 
@@ -698,6 +747,12 @@ list_path(struct kore_buf *buf, struct lease_flow *f)
 	case LIST_SINCE:
 		kore_buf_appendf(buf, "limit=100&created%%5Bgte%%5D=%lld",
 		    (long long)(f->taken_at - RECONCILE_CLOCK_SLACK));
+		/* Up to the last indeterminate answer: nothing later is ours. */
+		if (f->reconcile_until > 0) {
+			kore_buf_appendf(buf, "&created%%5Blte%%5D=%lld",
+			    (long long)(f->reconcile_until +
+			    RECONCILE_CLOCK_SLACK));
+		}
 		break;
 	case LIST_BY_MEMBER:
 		kore_buf_appendf(buf, "limit=100&%s=", op->list_arg);
@@ -762,7 +817,8 @@ listed(struct lease_flow *f)
 
 		k = provider_path(item, provider->item_key);
 		if (k == NULL || k->type != JSON_STRING ||
-		    !generation_of(a, k->str, k->len))
+		    !generation_of(a, k->str, k->len,
+		    provider_path(item, provider->item_generation)))
 			continue;
 
 		if (provider->item_status != NULL) {
@@ -799,20 +855,53 @@ listed(struct lease_flow *f)
 	return (ret);
 }
 
-/* Whether a listed key is this key's derived key of generation 1 to n. */
+/*
+ * Whether a listed item was sent for this key: its derived key is the one
+ * of a generation from 1 to this attempt's (<base>, or <base>:<g>, g > 1
+ * without a leading zero); where the provider keeps the generation the
+ * item carries (gen), it must say the same. Another key that ends in
+ * ":<g>" has the same derived key as a generation g of this one; it was
+ * sent with generation 1, which tells them apart.
+ */
 static int
-generation_of(const struct lease_attempt *a, const char *s, size_t len)
+generation_of(const struct lease_attempt *a, const char *s, size_t len,
+    struct json_value *gen)
 {
-	char		key[LEASE_PROVIDER_KEY_MAX];
-	u_int32_t	g;
+	char		base[LEASE_PROVIDER_KEY_MAX];
+	size_t		n, i;
+	u_int64_t	g;
 
-	for (g = 1; g <= a->generation; g++) {
-		provider_key(a, g, key, sizeof(key));
-		if (strlen(key) == len && !memcmp(key, s, len))
-			return (1);
+	provider_key(a, 1, base, sizeof(base));
+	n = strlen(base);
+	if (len < n || memcmp(s, base, n))
+		return (0);
+
+	g = 1;
+	if (len > n) {
+		if (s[n] != ':' || len == n + 1 || len - n - 1 > 9 ||
+		    s[n + 1] == '0')
+			return (0);
+		g = 0;
+		for (i = n + 1; i < len; i++) {
+			if (s[i] < '0' || s[i] > '9')
+				return (0);
+			g = g * 10 + (u_int64_t)(s[i] - '0');
+		}
+		if (g < 2)
+			return (0);
 	}
 
-	return (0);
+	if (g > a->generation)
+		return (0);
+
+	if (provider->item_generation[0] != NULL) {
+		if (gen == NULL || gen->type != JSON_STRING ||
+		    gen->len != (size_t)snprintf(base, sizeof(base), "%llu",
+		    (unsigned long long)g) || memcmp(gen->str, base, gen->len))
+			return (0);
+	}
+
+	return (1);
 }
 
 /*
@@ -1036,15 +1125,25 @@ provider_key(const struct lease_attempt *a, u_int32_t generation, char *out,
     size_t len)
 {
 	u_int8_t	random[16];
-	char		hex[sizeof(random) * 2 + 1];
+	char		hex[sizeof(random) * 2 + 1], sha[65], gen[16];
 	size_t		i;
 
 	if (a->call == NULL || !a->call->fresh_key) {
-		if (generation <= 1)
-			(void)snprintf(out, len, "%s:%s", a->client_id, a->key);
-		else
-			(void)snprintf(out, len, "%s:%s:%u", a->client_id,
-			    a->key, generation);
+		gen[0] = '\0';
+		if (generation > 1)
+			(void)snprintf(gen, sizeof(gen), ":%u", generation);
+		(void)snprintf(out, len, "%s:%s%s", a->client_id, a->key, gen);
+		/*
+		 * A key whose generations could pass the provider's longest
+		 * key (Stripe: 255; ":<n>" takes 11 at most) is sent as its
+		 * SHA-256 in every generation, so that they share one base.
+		 */
+		if (provider->key_max > 0 && strlen(a->client_id) + 1 +
+		    strlen(a->key) + 11 > provider->key_max) {
+			sha256_hex(a->key, strlen(a->key), sha);
+			(void)snprintf(out, len, "%s:sha256-%s%s", a->client_id,
+			    sha, gen);
+		}
 		return;
 	}
 

@@ -92,6 +92,10 @@ struct lease_flow {
 	struct kore_buf			request;
 	int				reconcile;
 	int64_t				taken_at;
+	int64_t				reconcile_until;
+
+	/* When this attempt's lease ends, by this worker's clock (ms). */
+	u_int64_t			lease_ends;
 
 	/* A reconciliation: the page, where the next one starts. */
 	int				pages;

@@ -78,10 +78,12 @@ static const struct answer_rule	fake_rules[] = {
 	    PROBLEM_PROVIDER_RATE_LIMITED, "429, too many requests" } },
 	{ MATCH_STATUS, 400, 499, NULL, { PROVIDER_REFUSED,
 	    PROBLEM_PAYMENT_REJECTED, "any other 4xx" } },
-	/* Transient unless IDEM_FAKE_PROVIDER_KEEPS_5XX=1 (keeps_5xx). */
-	{ MATCH_STATUS, 500, 599, NULL, { PROVIDER_INDETERMINATE,
-	    PROBLEM_PROVIDER_UNAVAILABLE, "5xx (kept under the key only "
-	    "with IDEM_FAKE_PROVIDER_KEEPS_5XX=1)" } },
+	/* Kept under the key with IDEM_FAKE_PROVIDER_KEEPS_5XX=1 only. */
+	{ MATCH_KEPT, 500, 599, NULL, { PROVIDER_INDETERMINATE,
+	    PROBLEM_PROVIDER_UNAVAILABLE, "5xx kept under the key "
+	    "(IDEM_FAKE_PROVIDER_KEEPS_5XX=1)" } },
+	{ MATCH_STATUS, 500, 599, NULL, { PROVIDER_TRANSIENT,
+	    PROBLEM_PROVIDER_UNAVAILABLE, "5xx, not kept under the key" } },
 	/* From LONG_MIN: a status below 0 must not fall through the table. */
 	{ MATCH_STATUS, LONG_MIN, LONG_MAX, NULL, { PROVIDER_TRANSIENT,
 	    PROBLEM_PROVIDER_UNAVAILABLE, "anything else (1xx, 3xx)" } },
@@ -98,7 +100,7 @@ static const struct answer_rule	stripe_rules[] = {
 	/* Kept under the key like any answer: only a listing can tell. */
 	{ MATCH_STATUS, 200, 299, NULL, { PROVIDER_INDETERMINATE,
 	    PROBLEM_PROVIDER_UNAVAILABLE, "2xx without a valid id" } },
-	{ MATCH_TYPE, 400, 499, "idempotency_error", { PROVIDER_KEY_CONFLICT,
+	{ MATCH_TYPE, 400, 400, "idempotency_error", { PROVIDER_KEY_CONFLICT,
 	    PROBLEM_PROVIDER_UNAVAILABLE, "idempotency_error: the derived key "
 	    "met other parameters" } },
 	CONFIG_ROWS(ANSWER_CONFIG),
@@ -116,7 +118,7 @@ static const struct answer_rule	stripe_rules[] = {
 	{ MATCH_STATUS, 400, 499, NULL, { PROVIDER_REFUSED,
 	    PROBLEM_PAYMENT_REJECTED, "invalid_request_error and any other "
 	    "4xx (amount_too_large, ...)" } },
-	{ MATCH_STATUS, 500, 599, NULL, { PROVIDER_INDETERMINATE,
+	{ MATCH_KEPT, 500, 599, NULL, { PROVIDER_INDETERMINATE,
 	    PROBLEM_PROVIDER_UNAVAILABLE, "5xx api_error, kept under the "
 	    "key and replayed" } },
 	{ MATCH_STATUS, LONG_MIN, LONG_MAX, NULL, { PROVIDER_TRANSIENT,
@@ -160,6 +162,8 @@ static const struct provider_op	stripe_ops[] = {
 			    PARAM_REQUIRED },
 			{ "description", FROM_MEMBER, "purpose", 0 },
 			{ "metadata[idempotency_key]", FROM_KEY, NULL, 0 },
+			{ "metadata[key_generation]", FROM_GENERATION, NULL,
+			    0 },
 			{ "metadata[client_id]", FROM_CLIENT, NULL, 0 },
 			{ "metadata[recipient]", FROM_MEMBER, "recipient", 0 },
 		},
@@ -174,6 +178,8 @@ static const struct provider_op	stripe_ops[] = {
 			{ "charge", FROM_MEMBER, "charge_id", 0 },
 			{ "amount", FROM_MEMBER, "amount", 0 },
 			{ "metadata[idempotency_key]", FROM_KEY, NULL, 0 },
+			{ "metadata[key_generation]", FROM_GENERATION, NULL,
+			    0 },
 		},
 		.id = "id",
 		.list = LIST_BY_MEMBER,
@@ -194,7 +200,9 @@ static const struct provider	providers[] = {
 		.reason = { "detail" },
 		.error_type = { "type" },
 		.decline_code = { NULL },
+		.key_max = 0,
 		.item_key = { "idempotency_key" },
+		.item_generation = { NULL },
 		.item_status = NULL,
 		.has_more = NULL,
 		.ops = fake_ops,
@@ -210,7 +218,9 @@ static const struct provider	providers[] = {
 		.reason = { "error", "message" },
 		.error_type = { "error", "type" },
 		.decline_code = { "error", "decline_code" },
+		.key_max = 255,
 		.item_key = { "metadata", "idempotency_key" },
+		.item_generation = { "metadata", "key_generation" },
 		.item_status = "status",
 		.has_more = "has_more",
 		.ops = stripe_ops,
@@ -312,13 +322,17 @@ provider_check(const char *operation, struct json_value *body, char *err,
  */
 void
 provider_body(struct kore_buf *buf, const struct provider_op *op,
-    struct json_value *request, const char *key, const char *client)
+    struct json_value *request, const char *key, const char *client,
+    u_int32_t generation)
 {
 	const struct provider_param	*p;
 	struct json_value		*v;
 	const char			*s;
+	char				gen[16];
 	size_t				i;
 	int				n;
+
+	(void)snprintf(gen, sizeof(gen), "%u", generation);
 
 	if (provider->body == BODY_JSON)
 		kore_buf_append(buf, "{", 1);
@@ -338,6 +352,9 @@ provider_body(struct kore_buf *buf, const struct provider_op *op,
 			break;
 		case FROM_CLIENT:
 			s = client;
+			break;
+		case FROM_GENERATION:
+			s = gen;
 			break;
 		default:
 			fatal("%s: unknown source %d", __func__, p->from);

@@ -25,6 +25,7 @@
 #define FROM_MEMBER		1	/* that member of the saved request */
 #define FROM_KEY		2	/* the derived key of this attempt */
 #define FROM_CLIENT		3	/* the client's id */
+#define FROM_GENERATION		4	/* the derived key's generation */
 
 /* A parameter's flags. */
 #define PARAM_LOWER		0x01	/* sent in lower case */
@@ -74,8 +75,18 @@ struct provider {
 	const char			*error_type[PROVIDER_PATH_MAX];
 	const char			*decline_code[PROVIDER_PATH_MAX];
 
-	/* In a listed item: the derived key, its status; more pages. */
+	/*
+	 * The longest Idempotency-Key it takes (0: no limit); a longer
+	 * derived key is sent as <client>:sha256-<the key's SHA-256>.
+	 */
+	size_t				key_max;
+
+	/*
+	 * In a listed item: the derived key, its generation (NULL: it keeps
+	 * none), its status; more pages.
+	 */
 	const char			*item_key[PROVIDER_PATH_MAX];
+	const char			*item_generation[PROVIDER_PATH_MAX];
 	const char			*item_status;
 	const char			*has_more;
 
@@ -91,7 +102,7 @@ int			provider_check(const char *, struct json_value *,
 			    char *, size_t);
 void			provider_body(struct kore_buf *,
 			    const struct provider_op *, struct json_value *,
-			    const char *, const char *);
+			    const char *, const char *, u_int32_t);
 struct json_value	*provider_path(struct json_value *,
 			    const char *const *);
 void			provider_url_escape(struct kore_buf *, const char *,

@@ -86,7 +86,6 @@ const struct provider_answer *
 provider_answer_classify(const struct provider *p, struct provider_call *call,
     const char *id, const char *noun)
 {
-	static struct provider_answer	transient;
 	const struct provider_answer	*answer;
 	struct json_value		*body;
 	char				err[JSON_ERROR_LEN];
@@ -102,12 +101,6 @@ provider_answer_classify(const struct provider *p, struct provider_call *call,
 		if (!rule_matches(p, &p->rules[i], call, body, id))
 			continue;
 		answer = &p->rules[i].answer;
-		/* A 5xx the provider does not keep: the same key again. */
-		if (answer->class == PROVIDER_INDETERMINATE && !p->keeps_5xx) {
-			transient = *answer;
-			transient.class = PROVIDER_TRANSIENT;
-			answer = &transient;
-		}
 		describe(p, answer, call, body, id, noun);
 		json_free(body);
 		return (answer);
@@ -152,6 +145,10 @@ rule_matches(const struct provider *p, const struct answer_rule *rule,
 	case MATCH_TYPE:
 		if (!type_matches(rule->type,
 		    provider_path(body, p->error_type)))
+			return (0);
+		break;
+	case MATCH_KEPT:
+		if (!p->keeps_5xx)
 			return (0);
 		break;
 	case MATCH_STATUS:

@@ -27,6 +27,7 @@
 #define MATCH_ID		3	/* a status in range with the id */
 #define MATCH_STATUS		4	/* a status in range */
 #define MATCH_TYPE		5	/* a status in range, this error type */
+#define MATCH_KEPT		6	/* a status in range its provider keeps */
 
 struct provider_answer {
 	int		class;

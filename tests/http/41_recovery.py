@@ -4,8 +4,8 @@ payment over, gets the provider's charge with the same derived key, and
 saves it, so that a later retry gets the real result. A payment released
 after a provider failure is finished the same way, charging it then; while
 the provider keeps failing, the job backs off that payment. A key of a lease
-operation this build does not know (an instance of a rolling deploy) is
-released at once, with the job's backoff, not held for a lease."""
+operation this build does not know (an instance of a rolling deploy) is left
+to an instance that knows it."""
 
 import os
 import re
@@ -135,22 +135,25 @@ row = key_row(key)
 t.ok(row["status_code"] == "201" and '"charge_id":"ch_after_outage"' in row["response"],
      "once the provider works, the job finishes the payment with its charge", row)
 
-# A lease operation the database knows and this build does not: the job
-# gives its key back at once (and backs off it), for an instance that knows
-# it, instead of holding it for a lease without calling anyone.
+# A lease operation the database knows and this build does not (a rolling
+# deploy): the job leaves its key to an instance that knows it, neither
+# holding it for a lease nor backing the knowing instance off it; it goes
+# on with the keys it can run.
 sql("select idem_operation('test.other-build', 'lease', 'payment_settle')")
-key = new_key("other-build")
+key, mine = new_key("other-build"), new_key("mine")
 sql("insert into idempotency_keys (client_id, idem_key, operation, fingerprint, status,"
     " lease_id, locked_until, request) values ('shop-1', " + quote(key) + ","
     " 'test.other-build', repeat('a', 64), 'in_progress', 1,"
-    " now() - interval '10 s', '{}')")
-row = wait_until(lambda: sql("select recovery_attempts, lease_id, locked_until <= now()"
-                             " from idempotency_keys where idem_key = " + quote(key) +
-                             " and recovery_attempts > 0"), "the job to try it", timeout=15)[0]
-t.ok(row[0] == "1" and row[1] == "2" and row[2] == "t" and
-     "no lease operation 'test.other-build'" in api.read_log(),
-     "a key of an operation this build lacks: claimed, released at once, backed off, "
-     "logged", row)
+    " now() - interval '20 s', '{}'), ('shop-1', " + quote(mine) + ", 'payments.create',"
+    " repeat('b', 64), 'in_progress', 1, now() - interval '10 s',"
+    " '{\"amount\": 300, \"currency\": \"RUB\", \"recipient\": \"acc-mine\"}')")
+wait_until(lambda: key_row(mine)["status"] == "done", "the job to finish its own key",
+           timeout=15)
+row = sql("select recovery_attempts, lease_id, locked_until < now() - interval '15 s'"
+          " from idempotency_keys where idem_key = " + quote(key))[0]
+t.ok(row == ["0", "1", "t"],
+     "a key of an operation this build lacks is left alone (not claimed, not backed "
+     "off), while the job finishes one of its own due later", row)
 sql("delete from idempotency_keys where idem_key = " + quote(key))
 sql("delete from idem_operations where operation = 'test.other-build'")
 api.stop()

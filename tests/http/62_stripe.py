@@ -31,7 +31,7 @@ import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "lib"))
 from harness import (ROOT, STRIPE_SECRET, Api, Background, DbProxy, StripeMock, Tap,  # noqa: E402
-                     concurrently, key_row, new_key, sql_value, wait_until)
+                     concurrently, key_row, new_key, request, sql, sql_value, wait_until)
 
 t = Tap()
 only = os.environ.get("IDEM_TEST_SCENARIO")
@@ -95,8 +95,8 @@ if scenario("charge"):
     c = made[0] if made else {}
     t.ok(c.get("currency") == "rub" and c.get("amount") == 10000 and
          c.get("description") == "order 17" and
-         c.get("metadata") == {"idempotency_key": f"shop-1:{key}", "client_id": "shop-1",
-                               "recipient": "acc-1"},
+         c.get("metadata") == {"idempotency_key": f"shop-1:{key}", "key_generation": "1",
+                               "client_id": "shop-1", "recipient": "acc-1"},
          "the charge as the contract sends it: currency in lower case, description, "
          "metadata", c)
 
@@ -150,8 +150,9 @@ if scenario("reconciled"):
     t.ok(again.status == 201 and again.replayed and again.body == seen[2].body,
          "and it is replayed", again)
     log = api.read_log()
-    t.ok("reconciled shop-1:" + key in log and "the next is 2" in log,
-         "the reconciliation is logged")
+    t.ok(f"reconciled shop-1:{key}: no payment under generations 1 to 1; the next is 2"
+         in log and f"reconciled shop-1:{key}: no payment under generations 1 to 2; "
+         "the next is 3" in log, "each reconciliation is logged")
 
 if scenario("reconciled-long-list"):
     # A page of the mock's charges past 64 KiB (the cap of a payment's answer):
@@ -160,8 +161,8 @@ if scenario("reconciled-long-list"):
     # about 30 charges).
     for _ in range(40):
         assert api.post("/v1/payments", payment(), key=new_key("st-fill")).status == 201
-    status, page = mock.get("/v1/charges?limit=100")
-    size = len(__import__("json").dumps(page))
+    size = len(request(mock.port, "GET", "/v1/charges?limit=100",
+                       headers={"Authorization": f"Bearer {STRIPE_SECRET}"}).body)
     key = new_key("st")
     source = chain("tok_500", "tok_visa")
     seen = [api.post("/v1/payments", payment(source), key=key) for _ in range(2)]
@@ -169,6 +170,37 @@ if scenario("reconciled-long-list"):
          len(charges(key, 2)) == 1 and generation(key) == "2",
          f"a list page of {size} bytes: reconciled, one charge under generation 2",
          (size, seen))
+
+if scenario("colliding-keys"):
+    # The client's key K:2 has the derived key of K's second generation.
+    # Its charge is not K's: K's reconciliation passes it over (it was sent
+    # as generation 1), and K's second generation gets Stripe's
+    # idempotency_error (the same key, other parameters): never a success.
+    base = new_key("st")
+    other = api.post("/v1/payments", payment(), key=f"{base}:2")
+    source = chain("tok_500", "tok_visa")
+    first = api.post("/v1/payments", payment(source), key=base)
+    second = api.post("/v1/payments", payment(source), key=base)
+    t.ok(other.status == 201 and first.status == 502 and second.status == 502 and
+         "other parameters" in second.json().get("detail", "") and
+         key_row(base)["status"] == "in_progress" and generation(base) == "2",
+         "K:2 charged; K's second generation shares its provider key: a 502 naming the "
+         "conflict, K not saved with K:2's charge", (other, first, second))
+    t.ok("idempotency_error" in api.read_log(), "and the conflict is logged")
+
+if scenario("long-key"):
+    # Stripe takes keys of 255 characters at most: a longer derived key is
+    # sent as the client's key's SHA-256, in every generation.
+    key = "L" * 255
+    r = api.post("/v1/payments", payment(), key=key)
+    made = [c for c in mock._all("charges")
+            if (c.get("metadata") or {}).get("idempotency_key", "").startswith("shop-1:sha256-")]
+    derived = made[0]["metadata"]["idempotency_key"] if made else ""
+    import hashlib
+    t.ok(r.status == 201 and len(made) == 1 and
+         derived == "shop-1:sha256-" + hashlib.sha256(key.encode()).hexdigest() and
+         len(derived) <= 255, "a 255-character key: one charge under shop-1:sha256-<its hash>",
+         (r, derived))
 
 if scenario("no-payment-method"):
     key = new_key("st")

@@ -3,7 +3,7 @@
 -- release and the fencing rule; and the fake provider's one charge and one
 -- refund per key, and its 409.
 begin;
-select plan(76);
+select plan(78);
 
 create temporary table r1 as select * from lease_reserve('shop-1', 'p-1',
     'payments.create', repeat('a', 64),
@@ -168,23 +168,31 @@ select is((select outcome from lease_reserve('shop-1', 'g-1', 'payments.create',
 select results_eq($$select generation, reconcile from lease_answer('shop-1', 'g-1',
     'payments.create', repeat('a', 64))$$, $$values (1, false)$$,
     'a new key is at generation 1, nothing to reconcile');
-select is((select lease_generation('shop-1', 'g-1', 1, 1)), null::int,
+select is((select lease_generation('shop-1', 'g-1', 1, 1, 30, 10000)), null::int,
     'a key whose last answer was not indeterminate keeps its generation');
 select results_eq($$select released, attempts from lease_release('shop-1', 'g-1', 1,
     true, null, null)$$, $$values (true, 0)$$,
     'an indeterminate answer releases the key, no recovery attempt counted');
+select ok((select indeterminate_at between now() - interval '1 second' and now()
+    from idempotency_keys where idem_key = 'g-1'), 'and records when it came');
 create temporary table g2 as select * from lease_reserve('shop-1', 'g-1',
     'payments.create', repeat('a', 64), '{}', 30, 10000);
 select results_eq($$select outcome, lease_id, generation, reconcile from g2$$,
     $$values ('taken_over'::text, 2::bigint, 1, true)$$,
     'the retry takes it over, told to reconcile generation 1 first');
 select ok((select taken_at between extract(epoch from now()) - 60 and
-    extract(epoch from now()) + 1 from g2), 'with when the key was taken');
-select is((select lease_generation('shop-1', 'g-1', 1, 1)), null::int,
+    extract(epoch from now()) + 1 and reconcile_until >= taken_at from g2),
+    'with when the key was taken and when the indeterminate answer came');
+select is((select lease_generation('shop-1', 'g-1', 1, 1, 30, 10000)), null::int,
     'the fenced attempt cannot move the generation');
-select is((select lease_generation('shop-1', 'g-1', 2, 1)), 2,
+update idempotency_keys set locked_until = now() + interval '1 second'
+ where idem_key = 'g-1';
+select is((select lease_generation('shop-1', 'g-1', 2, 1, 30, 10000)), 2,
     'the holder moves it to generation 2');
-select is((select lease_generation('shop-1', 'g-1', 2, 1)), null::int,
+select ok((select locked_until > now() + interval '29 seconds' and
+    call_deadline > now() + interval '9 seconds' from idempotency_keys
+    where idem_key = 'g-1'), 'with a new lease and call deadline');
+select is((select lease_generation('shop-1', 'g-1', 2, 1, 30, 10000)), null::int,
     'once: a generation is never skipped');
 select results_eq($$select released, attempts, wait_seconds from lease_release('shop-1',
     'g-1', 2, false, 5, 60)$$, $$values (true, 1, 5)$$,
