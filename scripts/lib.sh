@@ -145,30 +145,38 @@ http_ready() {
 
 # The provider the API calls (IDEM_PROVIDER_KIND, src/lease/provider.c):
 # the fake provider, or with stripe the Stripe mock installed by
-# scripts/deps. In development the mock's secret is any sk_test_ key.
+# scripts/deps (tools/stripe-mock), which takes any sk_test_ secret.
 PROVIDER_KIND=${IDEM_PROVIDER_KIND:-fake}
-STRIPE_MOCK="$ROOT/tools/stripe-mock/node_modules/stripe-stateful-mock/dist/cli.js"
-if [ "$PROVIDER_KIND" = stripe ]; then
-	export IDEM_PROVIDER_SECRET=${IDEM_PROVIDER_SECRET:-sk_test_idem_development}
-fi
+STRIPE_MOCK="$ROOT/tools/stripe-mock/serve.js"
+STRIPE_MOCK_SECRET=sk_test_idem_development
+
+# make run and make cluster start the mock themselves: the API is given
+# the mock's secret unless one is set. Nothing else is (make api with the
+# stripe kind and no secret refuses to start).
+stripe_mock_secret() {
+	if [ "$PROVIDER_KIND" = stripe ]; then
+		export IDEM_PROVIDER_SECRET=${IDEM_PROVIDER_SECRET:-$STRIPE_MOCK_SECRET}
+	fi
+}
 
 # The provider alone, in the foreground, on IDEM_PROVIDER_PORT; the fake
 # one with its configuration file (conf/fake-provider.conf by default).
 provider_exec() {
 	if [ "$PROVIDER_KIND" = stripe ]; then
-		[ -e "$STRIPE_MOCK" ] || "$ROOT/scripts/deps" >&2
+		"$ROOT/scripts/deps" stripe-mock >&2
 		PORT=${IDEM_PROVIDER_PORT:-8889} LOG_LEVEL=warn exec node "$STRIPE_MOCK"
 	fi
 	exec kore -fnrc "${1:-conf/fake-provider.conf}"
 }
 
-# Whether the provider answers: the fake one's list, the mock's with its
-# secret.
+# Whether the provider answers: the fake one's list, the mock's (the
+# secret given to curl on its standard input, not in its arguments).
 provider_ready() {
 	local url="http://127.0.0.1:${1:-${IDEM_PROVIDER_PORT:-8889}}"
 	if [ "$PROVIDER_KIND" = stripe ]; then
-		[ "$(curl -s -o /dev/null -w '%{http_code}' --max-time 2 \
-		    -u "$IDEM_PROVIDER_SECRET:" "$url/v1/charges?limit=1")" = 200 ]
+		[ "$(printf 'user = "%s:"\n' "$STRIPE_MOCK_SECRET" |
+		    curl -s -o /dev/null -w '%{http_code}' --max-time 2 -K - \
+		    "$url/v1/charges?limit=1")" = 200 ]
 		return
 	fi
 	http_ready "$url/v1/charges?idempotency_key=ready"
