@@ -439,9 +439,9 @@ class Kore:
         self.env = dict(os.environ)
         # The fake provider unless the test says otherwise, whatever the
         # shell that runs make test exported.
-        for name in ("IDEM_PROVIDER_KIND", "IDEM_PROVIDER_SECRET",
-                     "IDEM_FAKE_PROVIDER_KEEPS_5XX"):
-            self.env.pop(name, None)
+        for var in ("IDEM_PROVIDER_KIND", "IDEM_PROVIDER_SECRET",
+                    "IDEM_FAKE_PROVIDER_KEEPS_5XX"):
+            self.env.pop(var, None)
         self.env.update({k: str(v) for k, v in env.items()})
         self.env["IDEM_DATABASE_URL"] = DB_URL
         # make test-sanitize: the sanitizers' runtime, for kore alone.
