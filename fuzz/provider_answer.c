@@ -351,7 +351,8 @@ expected_class(int kind, struct provider_call *call, const char *id)
 	else
 		type = member_string(body, "type", NULL);
 
-	if (type != NULL && stripe && type->len == 17 &&
+	/* Stripe answers its idempotency_error with a 400 only. */
+	if (type != NULL && stripe && st == 400 && type->len == 17 &&
 	    !memcmp(type->str, "idempotency_error", 17)) {
 		e.class = PROVIDER_KEY_CONFLICT;
 	} else if (type != NULL && !stripe &&
