@@ -22,13 +22,5 @@ import soak  # noqa: E402
 t = Tap()
 cfg = soak.Config(keys=250, seconds=20, groups=16, settle_seconds=150,
                   gap=(1.0, 2.5), kill_gap=(1.5, 3.5), from_env=False, provider="stripe")
-s = soak.run(cfg, log=t.note)
-for line in s.figures():
-    t.note(line)
-for name, ok, diag in s.checks:
-    t.ok(ok, name, diag)
-if t.failed:
-    t.note("faults, in order:")
-    for line in sorted(s.fault_log):
-        t.note(line)
+soak.tap(t, cfg)
 t.done()

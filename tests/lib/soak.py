@@ -968,3 +968,18 @@ def run(cfg, log=print):
                 shutil.copy(k.logpath, keep)
             shutil.copy(os.path.join(TMP, "pgdata", "server.log"), keep)
     return s
+
+
+def tap(t, cfg):
+    """Runs the soak and reports it to a Tap: its figures as notes, each
+    check as a test, and the faults in order when one failed."""
+    s = run(cfg, log=t.note)
+    for line in s.figures():
+        t.note(line)
+    for name, ok, diag in s.checks:
+        t.ok(ok, name, diag)
+    if t.failed:
+        t.note("faults, in order:")
+        for line in sorted(s.fault_log):
+            t.note(line)
+    return s
