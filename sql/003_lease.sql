@@ -64,6 +64,8 @@ begin
 		   'lease_recover_claim')
 	       and p.pronamespace = current_schema()::regnamespace
 	       and (pg_get_function_result(p.oid) not like '%reconcile_until%'
+		    or p.proname in ('lease_answer', 'lease_reserve') and
+		       pg_get_function_result(p.oid) not like '%age_ms%'
 		    or p.proname = 'lease_recover_claim' and p.pronargs = 3)
 	loop
 		execute format('drop function %s', v_fn);
@@ -82,7 +84,7 @@ create or replace function lease_answer(p_client text, p_key text,
 returns table (outcome text, lease_id bigint, status_code int,
     response text, retry_after int, request jsonb, generation int,
     reconcile boolean, taken_at double precision,
-    reconcile_until double precision)
+    reconcile_until double precision, age_ms bigint, standby boolean)
 language sql stable as $$
 	select case when k.operation <> p_operation or
 		    k.fingerprint <> p_fingerprint then 'mismatch'
@@ -94,13 +96,16 @@ language sql stable as $$
 		   coalesce(k.call_deadline, k.locked_until)) - now())))::int,
 	       null::jsonb, k.provider_generation, k.indeterminate,
 	       extract(epoch from k.created_at)::double precision,
-	       extract(epoch from k.indeterminate_at)::double precision
+	       extract(epoch from k.indeterminate_at)::double precision,
+	       (extract(epoch from now() - k.created_at) * 1000)::bigint,
+	       idem_standby()
 	  from idempotency_keys k
 	 where k.client_id = p_client and k.idem_key = p_key;
 $$;
 
 comment on function lease_answer(text, text, text, text) is
-    'The state of an existing key as lease_reserve() answers it.';
+    'The state of an existing key as lease_reserve() answers it; age_ms '
+    'and standby as tx_execute() answers them, for the replay cache.';
 
 -- Takes the key for one attempt: inserts it in_progress with a lease, or
 -- takes over a row whose lease expired (its worker died, or gave the lease
@@ -118,7 +123,7 @@ create or replace function lease_reserve(p_client text, p_key text,
 returns table (outcome text, lease_id bigint, status_code int,
     response text, retry_after int, request jsonb, generation int,
     reconcile boolean, taken_at double precision,
-    reconcile_until double precision)
+    reconcile_until double precision, age_ms bigint, standby boolean)
 language plpgsql as $$
 declare
 	v_lease		bigint;
@@ -176,7 +181,7 @@ begin
 	if v_lease > 1 then
 		return query select 'taken_over'::text, v_lease, null::int,
 		    null::text, null::int, v_request, v_generation,
-		    v_reconcile, v_taken, v_until;
+		    v_reconcile, v_taken, v_until, null::bigint, null::boolean;
 		return;
 	end if;
 
@@ -194,7 +199,7 @@ begin
 			return query select 'refused'::text, null::bigint,
 			    v_status, v_response, v_retry, null::jsonb,
 			    null::int, null::boolean, null::double precision,
-			    null::double precision;
+			    null::double precision, null::bigint, null::boolean;
 			return;
 		end if;
 
@@ -208,7 +213,8 @@ begin
 	end if;
 
 	return query select 'reserved'::text, v_lease, null::int, null::text,
-	    null::int, v_request, v_generation, v_reconcile, v_taken, v_until;
+	    null::int, v_request, v_generation, v_reconcile, v_taken, v_until,
+	    null::bigint, null::boolean;
 end;
 $$;
 

@@ -37,12 +37,13 @@
 #include "lease.h"
 #include "metrics.h"
 #include "problem.h"
+#include "replay_cache.h"
 #include "settings.h"
 
 #define LEASE_RESERVE_SQL						\
 	"SELECT outcome, lease_id, status_code, response, retry_after, "	\
-	"request, generation, reconcile, taken_at, reconcile_until FROM "	\
-	"lease_reserve($1, "						\
+	"request, generation, reconcile, taken_at, reconcile_until, "	\
+	"age_ms, standby FROM lease_reserve($1, "			\
 	"$2, $3, $4, $5::jsonb, $6::int, $7::int)"
 
 #define LEASE_CLAIM_SQL							\
@@ -988,8 +989,18 @@ lease_respond_answered(struct http_request *req)
 		    "with the same key", r->key, after));
 	}
 
-	if (!strcmp(outcome, "replayed"))
+	/*
+	 * A done key never changes: its answer is kept for the retries this
+	 * worker may get, as a transactional one is (replay_cache.c).
+	 */
+	if (!strcmp(outcome, "replayed")) {
+		replay_cache_put(r, (int)strtol(db_call_field(&r->db,
+		    "status_code"), NULL, 10), db_call_field(&r->db,
+		    "response"), (size_t)db_call_field_length(&r->db,
+		    "response"), strtoull(db_call_field(&r->db, "age_ms"),
+		    NULL, 10), !strcmp(db_call_field(&r->db, "standby"), "t"));
 		return (idem_respond_row(req, 1));
+	}
 
 	/* The operation's admit refused it: nothing taken, nothing saved. */
 	if (!strcmp(outcome, "refused"))

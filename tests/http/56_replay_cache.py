@@ -13,7 +13,8 @@ import sys
 import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "lib"))
-from harness import Api, Tap, metric, new_key, quote, sql, sql_value, wait_until  # noqa: E402
+from harness import (Api, Provider, Tap, metric, new_key, quote, sql, sql_value,  # noqa: E402
+                     wait_until)
 
 t = Tap()
 
@@ -35,7 +36,8 @@ def hits(api):
     return int(metric(api.port, "idem_replay_cache_hits_total") or 0)
 
 
-api = Api(name="api-cache", conf_extra=["workers 1"]).start()
+provider = Provider(name="provider-cache", IDEM_PROVIDER_LATENCY_MS=0).start()
+api = Api(name="api-cache", conf_extra=["workers 1"], IDEM_PROVIDER_URL=provider.url).start()
 try:
     key = new_key("cache")
     first = api.post("/v1/orders", ORDER, key=key)
@@ -73,6 +75,24 @@ try:
     t.ok(c.status == 201 and c.replayed and c.body == a.body,
          "then answered from memory", c)
 
+    # A payment (the lease strategy) replayed by the database is kept too:
+    # its next retry is answered from memory (the bench's payment replays
+    # each cost a query, 270 µs of PostgreSQL's CPU, and a p99 of 15 ms).
+    pkey = new_key("cache-pay")
+    body = {"amount": 700, "currency": "RUB", "recipient": "acc-cache"}
+    a = api.post("/v1/payments", body, key=pkey)
+    b = api.post("/v1/payments", body, key=pkey)
+    sql(f"delete from payments where idem_key = {quote(pkey)};"
+        f" delete from idempotency_keys where idem_key = {quote(pkey)}")
+    before = hits(api)
+    c = api.post("/v1/payments", body, key=pkey)
+    t.ok(a.status == 201 and b.replayed and c.status == 201 and c.replayed and
+         c.body == a.body and hits(api) - before == 1,
+         "a payment's replay from the database, then from memory", (a, b, c))
+    r = api.post("/v1/payments", dict(body, amount=800), key=pkey)
+    t.ok(r.status == 422 and b"idempotency-key-reused" in r.body,
+         "another payment under its key: the 422", r)
+
     # A refusal saved with the key (a 422 of the operation) is replayed
     # from memory like a 201.
     key3 = new_key("cache")
@@ -86,6 +106,7 @@ try:
          "is replayed from memory too", b)
 finally:
     api.stop()
+    provider.stop()
 
 # The cache off: the same retry reaches the database.
 api = Api(name="api-nocache", conf_extra=["workers 1"], IDEM_REPLAY_CACHE_SECONDS=0).start()
