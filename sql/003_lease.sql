@@ -97,7 +97,8 @@ language sql stable as $$
 	       null::jsonb, k.provider_generation, k.indeterminate,
 	       extract(epoch from k.created_at)::double precision,
 	       extract(epoch from k.indeterminate_at)::double precision,
-	       (extract(epoch from now() - k.created_at) * 1000)::bigint,
+	       greatest(0, (extract(epoch from clock_timestamp() -
+		   k.created_at) * 1000)::bigint),
 	       idem_standby()
 	  from idempotency_keys k
 	 where k.client_id = p_client and k.idem_key = p_key;

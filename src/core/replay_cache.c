@@ -4,10 +4,13 @@
  * without a query. Why that answer is the one the database would give:
  *
  * - A finished key's status and bytes never change: the transactional
- *   strategy writes the key row done in the transaction of the work, and
- *   nothing updates a done row afterwards. Only the cleanup deletes it,
- *   once it is older than the retention (IDEM_RETENTION_SECONDS, counted
- *   from the key's first request, on the database's clock).
+ *   strategy writes the key row done in the transaction of the work, the
+ *   lease strategy once in lease_complete(), and nothing updates a done
+ *   row afterwards (every lease function writes only where status =
+ *   'in_progress'; a function that touched a done row would break this
+ *   cache). Only the cleanup deletes it, once it is older than the
+ *   retention (IDEM_RETENTION_SECONDS, counted from the key's first
+ *   request, on the database's clock).
  * - An entry is kept only from an answer the database committed: the
  *   call ended with ReadyForQuery, after the commit waited for the
  *   synchronous standby when there is one (a commit it did not confirm is

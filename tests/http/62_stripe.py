@@ -232,7 +232,7 @@ if scenario("killed"):
                                         IDEM_LEASE_SECONDS=4, IDEM_PROVIDER_TIMEOUT_MS=3500)).start()
     key = new_key("st")
     call = Background(slow.post, "/v1/payments", payment(), key=key)
-    wait_until(lambda: proxy.accepted > 0, "the call to reach the proxy")
+    wait_until(lambda: proxy.sent > 0, "the call to be on the wire")
     slow.kill9()
     call.cut()
     wait_until(lambda: len(charges(key)) == 1, "the mock to get the charge", timeout=20)
@@ -262,9 +262,9 @@ if scenario("strategies"):
         slow = Api(name=f"api-{new_key('strategy')}", **slow_env).start()
         key, rcpt = new_key("st"), new_key("acc")
         body = dict(payment(), recipient=rcpt)
-        before = proxy.accepted
+        before = proxy.sent
         call = Background(slow.post, paths[strategy], body, key=key)
-        wait_until(lambda: proxy.accepted > before, "the call to reach the proxy")
+        wait_until(lambda: proxy.sent > before, "the call to be on the wire")
         slow.kill9()
         call.cut()
 

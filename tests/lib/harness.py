@@ -348,6 +348,9 @@ class DbProxy:
     def __init__(self, delay=0.0, target=None):
         # Another loopback server (a provider) instead of PostgreSQL.
         self.target = target or int(os.environ["IDEM_TEST_PGPORT"])
+        # Connections whose client has sent its first bytes (a request on
+        # the wire), counted before the delay.
+        self.sent = 0
         self.delay = delay
         self.sock = socket.socket()
         self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -368,6 +371,13 @@ class DbProxy:
             threading.Thread(target=self._open, args=(client,), daemon=True).start()
 
     def _open(self, client):
+        if self.delay:
+            try:
+                client.recv(1, socket.MSG_PEEK)
+            except OSError:
+                pass
+            with self.lock:
+                self.sent += 1
         time.sleep(self.delay)
         with self.lock:
             if self.hold:
