@@ -524,6 +524,16 @@ def main():
         target(pay["rps"] >= 0.6 * pay_sql["rps"],
                f"payments (provider latency 0) at least 0.6 of their SQL ceiling:"
                f" {pay['rps'] / pay_sql['rps']:.2f}"),
+        target(R["api_pay_replay"]["p99"] < 10,
+               f"payment replays' p99 under 10 ms:"
+               f" {R['api_pay_replay']['p99']:.2f} ms"),
+        target(not any(R[n]["socket_errors"] for n in
+                       ("api_fresh", "api_replay", "api_pay", "api_pay_replay",
+                        "api_bare")),
+               "no socket error or timeout in any API run: " +
+               (", ".join(f"{n} {R[n]['socket_errors']}" for n in
+                          ("api_fresh", "api_replay", "api_pay", "api_pay_replay",
+                           "api_bare") if R[n]["socket_errors"]) or "none")),
         target(rss <= 48, f"API RSS at most 48 MiB: {rss:.1f} MiB"),
     ]
     for name in ("api_fresh", "api_replay", "api_pay", "api_pay_replay"):
