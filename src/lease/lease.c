@@ -413,24 +413,10 @@ flow_decide(struct lease_flow *f)
 		f->op = lease_operation(name);
 	}
 
-	if (f->op == NULL) {
-		/*
-		 * A key of an operation this build does not serve (an
-		 * instance of a rolling deploy): given back at once, for an
-		 * instance that knows it, instead of held for a lease.
-		 */
-		kore_log(LOG_ERR, "recovery: no lease operation '%s' in this "
-		    "build; releasing %s:%s", f->operation, client, key);
-		a->call = NULL;
-		(void)kore_strlcpy(a->client_id, client, sizeof(a->client_id));
-		(void)kore_strlcpy(a->key, key, sizeof(a->key));
-		(void)kore_strlcpy(a->lease_id, db_call_field(f->db,
-		    "lease_id"), sizeof(a->lease_id));
-		a->answer = &provider_answer_unknown_operation;
-		flow_db_reset(f);
-		f->state = LEASE_RELEASE;
-		return (LEASE_NEXT);
-	}
+	/* lease_recover_claim() returns only this build's lease operations. */
+	if (f->op == NULL)
+		fatal("recovery claimed %s:%s of '%s', which this build does not "
+		    "run", client, key, f->operation);
 
 	lease_attempt_init(a, f->op->call, f->operation, client, key,
 	    db_call_field(f->db, "lease_id"),
@@ -1139,7 +1125,7 @@ provider_key(const struct lease_attempt *a, u_int32_t generation, char *out,
 	char		hex[sizeof(random) * 2 + 1], sha[65], gen[16];
 	size_t		i;
 
-	if (a->call == NULL || !a->call->fresh_key) {
+	if (!a->call->fresh_key) {
 		gen[0] = '\0';
 		if (generation > 1)
 			(void)snprintf(gen, sizeof(gen), ":%u", generation);

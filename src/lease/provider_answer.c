@@ -60,11 +60,6 @@ const struct provider_answer	provider_answer_unresolved = {
 	"not reconciled: the provider could not be asked"
 };
 
-const struct provider_answer	provider_answer_unknown_operation = {
-	PROVIDER_CONFIG, PROBLEM_PROVIDER_UNAVAILABLE,
-	"an operation this build does not know (a rolling deploy)"
-};
-
 static int	rule_matches(const struct provider *,
 		    const struct answer_rule *, struct provider_call *,
 		    struct json_value *, const char *);

@@ -54,10 +54,9 @@ int				provider_answer_saved(
 int				provider_answer_logged_error(
 				    const struct provider_answer *);
 
-/* The answers a reconciliation, or the recovery job, gives itself. */
+/* The answers a reconciliation gives itself. */
 extern const struct provider_answer	provider_answer_reconciled;
 extern const struct provider_answer	provider_answer_pending;
 extern const struct provider_answer	provider_answer_unresolved;
-extern const struct provider_answer	provider_answer_unknown_operation;
 
 #endif

@@ -8,8 +8,8 @@
  * answers with what it did, or does it), and settled, so that a later
  * retry gets the real result and the ledger matches the provider. An
  * attempt without an outcome backs the job off that key (doubling,
- * capped). A key of an operation this build does not know is released at
- * once, for an instance that knows it.
+ * capped). A key of an operation this build does not know is not claimed:
+ * it is left to an instance that knows it.
  */
 
 #include <sys/types.h>
