@@ -1,7 +1,7 @@
 # The README's commands. Each target installs what a fresh Debian 12
 # machine lacks (as root) before it builds.
 
-.PHONY: all build prod run demo test test-sanitize soak fuzz db stop reset api provider bench deps clean \
+.PHONY: all build prod run demo test test-sanitize soak fuzz db stop reset api provider bench bench-schema deps clean \
 	cluster cluster-failover cluster-reset test-cluster
 
 all: build
@@ -50,6 +50,9 @@ provider: build
 
 bench: deps
 	@scripts/bench
+
+bench-schema: deps
+	@scripts/bench schema
 
 clean:
 	kodev clean || true

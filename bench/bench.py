@@ -24,6 +24,10 @@ from harness import (DB_URL, TMP, Api, Provider, PsqlSession, concurrently,  # n
                      new_key, post, sql)
 
 SECONDS = int(os.environ.get("BENCH_SECONDS", "10"))
+# Every row measured this many times, one run after the other; the table
+# gives each figure's median and the spread of req/s (make bench-quiet
+# sets 3: the README's figures).
+RUNS = int(os.environ.get("BENCH_RUNS", "1"))
 WARMUP = int(os.environ.get("BENCH_WARMUP_SECONDS", "5"))
 CONNECTIONS = int(os.environ.get("BENCH_CONNECTIONS", "32"))
 PGDATA = os.environ.get("IDEM_TEST_PGDATA", "")
@@ -188,7 +192,7 @@ def wrk(api, script, provider=None, seconds=SECONDS, warmup=True):
         out = subprocess.run(
             ["wrk", f"-t{THREADS}", f"-c{CONNECTIONS}", f"-d{seconds}s", "--latency",
              "-s", os.path.join(ROOT, "bench", script), f"http://127.0.0.1:{api.port}"],
-            check=True, capture_output=True, text=True).stdout
+            check=True, capture_output=True, text=True, preexec_fn=client_priority).stdout
 
     def latency(pct):
         m = re.search(rf"^\s+{pct}%\s+([\d.]+)(us|ms|s)\s*$", out, re.M)
@@ -340,7 +344,8 @@ def num(v, fmt):
 def row(name, r, floor=None):
     ratio = f"{r['rps'] / floor['rps']:.2f}" if floor else ""
     noisy = " **noisy**" if r["foreign"] > NOISY_SHARE else ""
-    return (f"| {name} | {r['rps']:,.0f} | {r['p50']:.2f} | {r['p99']:.2f} | {ratio} "
+    spread = (f" ({r['rps_min']:,.0f}-{r['rps_max']:,.0f})" if RUNS > 1 else "")
+    return (f"| {name} | {r['rps']:,.0f}{spread} | {r['p50']:.2f} | {r['p99']:.2f} | {ratio} "
             f"| {r['pg_us']:,.0f} | {num(r['api_us'], ',.0f')} "
             f"| {r['statements']:.2f} | {100 * r['foreign']:.0f}%{noisy} |")
 
@@ -354,6 +359,17 @@ def target(ok, text):
 # an equal share of 2 CPUs with 32 runnable backends it waits its turn.
 API_NICE = -10
 _api_nice = [0]
+
+
+def client_priority():
+    """wrk runs at the API's priority: a client behind the server it
+    measures would count its own waits for a CPU as the server's latency
+    (replays, where the API alone keeps both CPUs busy, had a p99 of
+    20 ms that was wrk waiting its turn)."""
+    try:
+        os.setpriority(os.PRIO_PROCESS, 0, _api_nice[0])
+    except PermissionError:
+        pass
 
 
 def api_priority(api, nice):
@@ -397,11 +413,58 @@ def machine():
         f" {s['work_mem']}; fsync {s['fsync']}, synchronous_commit"
         f" {s['synchronous_commit']}, full_page_writes {s['full_page_writes']}."
         " Floors and ceilings run under pgbench at the same concurrency, measured"
-        " from a warm-up on the same connections; floors as prepared statements,"
-        " ceilings in the extended protocol (planned every time) as the API sends"
-        " its calls. CPU is utime + stime from /proc over the measured run: every"
+        " from a warm-up on the same connections, as prepared statements (as the"
+        " API sends its calls). CPU is utime + stime from /proc over the measured run: every"
         " process of the cluster (backends, and those reaped, through the postmaster),"
         " the API's parent and workers; per request completed.")
+
+
+def measure(api, provider):
+    """One run of every row."""
+    R = {}
+    # Each floor runs just before the API on the same work, so that both
+    # meet tables of about the same size.
+    R["floor_lean"] = pgbench("lean_floor.sql", "prepared")
+    R["floor_fresh"] = pgbench("order_floor.sql", "prepared")
+    R["floor_fresh_ext"] = pgbench("order_floor.sql")
+    R["db_fresh"] = pgbench("order_create.sql", "prepared")
+    api_priority(api, 0)
+    R["api_fresh_nice0"] = wrk(api, "orders_fresh.lua")
+    api_priority(api, API_NICE)
+    R["api_fresh"] = wrk(api, "orders_fresh.lua")
+    R["db_lookup"] = pgbench("key_lookup.sql", "prepared")
+    R["api_replay"] = wrk(api, "orders_replay.lua")
+    R["db_pay"] = pgbench("payment.sql", "prepared")
+    R["api_pay"] = wrk(api, "payments_fresh.lua", provider)
+    R["db_pay_replay"] = pgbench("payment_replay.sql", "prepared")
+    R["api_pay_replay"] = wrk(api, "payments_replay.lua")
+    R["api_bare"] = wrk(api, "unauthorized.lua")
+    return R
+
+
+def combine(runs):
+    """Each row over the runs: the median of every figure, the spread of
+    req/s (min, max), every socket error, the wrong answers summed, and
+    the largest share of others' CPU."""
+    R = {}
+    for name in runs[0]:
+        rs = [r[name] for r in runs]
+        c = {}
+        for field, v in rs[0].items():
+            if field == "socket_errors":
+                c[field] = "; ".join(r[field] for r in rs if r[field])
+            elif field in ("non2xx", "n"):
+                c[field] = sum(r[field] for r in rs)
+            elif field == "foreign":
+                c[field] = max(r[field] for r in rs)
+            elif v is None:
+                c[field] = None
+            else:
+                c[field] = statistics.median(r[field] for r in rs)
+        c["rps_min"] = min(r["rps"] for r in rs)
+        c["rps_max"] = max(r["rps"] for r in rs)
+        R[name] = c
+    return R
 
 
 def main():
@@ -412,27 +475,18 @@ def main():
             f" status, status_code, response, finished_at) values ('shop-1', '{key}',"
             f" '{op}', repeat('a', 64), 'done', 201, '{{\"order_id\":1}}', now())"
             " on conflict do nothing")
+    sql(open(os.path.join(ROOT, "bench", "lean_schema.sql")).read())
 
     post(api.port, "/v1/orders", {"customer_id": "c-replay", "amount": 150000,
                                   "currency": "RUB"}, key="bench-replay-order")
     post(api.port, "/v1/payments", {"amount": 10000, "currency": "RUB",
                                     "recipient": "acc-replay"}, key="bench-replay-payment")
-    # Each floor runs just before the API on the same work, so that both
-    # meet tables of about the same size.
-    R = {}
-    R["floor_fresh"] = pgbench("order_floor.sql", "prepared")
-    R["floor_fresh_ext"] = pgbench("order_floor.sql")
-    R["db_fresh"] = pgbench("order_create.sql")
-    R["api_fresh_nice0"] = wrk(api, "orders_fresh.lua")
-    api_priority(api, API_NICE)
-    R["api_fresh"] = wrk(api, "orders_fresh.lua")
-    R["db_lookup"] = pgbench("key_lookup.sql", "prepared")
-    R["api_replay"] = wrk(api, "orders_replay.lua")
-    R["db_pay"] = pgbench("payment.sql")
-    R["api_pay"] = wrk(api, "payments_fresh.lua", provider)
-    R["db_pay_replay"] = pgbench("payment_replay.sql")
-    R["api_pay_replay"] = wrk(api, "payments_replay.lua")
-    R["api_bare"] = wrk(api, "unauthorized.lua")
+    runs = []
+    for i in range(RUNS):
+        if RUNS > 1:
+            progress(f"run {i + 1} of {RUNS}")
+        runs.append(measure(api, provider))
+    R = combine(runs)
 
     api_all, api_top, api_detail = count_api_order(api)
     floor_all, _, _ = count_sql("order_floor.sql")
@@ -449,20 +503,24 @@ def main():
     burst, burst_ok = payment_burst()
     progress("done")
 
-    fresh, floor = R["api_fresh"], R["floor_fresh"]
+    fresh, floor, lean = R["api_fresh"], R["floor_fresh"], R["floor_lean"]
     replay, lookup = R["api_replay"], R["db_lookup"]
     pay, pay_sql = R["api_pay"], R["db_pay"]
     lines = [
         machine(),
         "",
-        "| run | req/s | p50 ms | p99 ms | ratio to floor | PostgreSQL CPU µs/req"
+        "| run | req/s" + (f", median of {RUNS} (spread)" if RUNS > 1 else "") +
+        " | p50 ms | p99 ms | ratio to floor | PostgreSQL CPU µs/req"
         " | API CPU µs/req | statements/req | others' CPU |",
         "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
-        row("floor: the rows of a fresh order in one statement, prepared", floor),
+        row("lean floor: the same rows and statement in a schema of primary keys only"
+            " (`bench/lean_schema.sql`), prepared", R["floor_lean"]),
+        row("floor: the rows of a fresh order in one statement, prepared", floor,
+            R["floor_lean"]),
         row("informative: the same statement, extended protocol (planned every time)",
             R["floor_fresh_ext"], floor),
-        row("informative: `tx_execute()` of orders.create, extended protocol as the API"
-            " sends it", R["db_fresh"], floor),
+        row("informative: `tx_execute()` of orders.create under pgbench, prepared as the"
+            " API sends it", R["db_fresh"], floor),
         row("informative: API `POST /v1/orders`, fresh keys, API at the default"
             " priority (nice 0)", R["api_fresh_nice0"], floor),
         row("API `POST /v1/orders`, fresh keys", fresh, floor),
@@ -507,19 +565,22 @@ def main():
         f" proportional set size (PSS) {pss:.1f} MiB.",
         "",
         "Targets:",
-        target(fresh["rps"] >= 0.6 * floor["rps"],
-               f"fresh orders at least 0.6 of the one-statement floor:"
+        target(fresh["rps"] >= 0.8 * floor["rps"],
+               f"fresh orders at least 0.8 of the one-statement floor:"
                f" {fresh['rps'] / floor['rps']:.2f}"),
-        target(fresh["p99"] <= 3 * floor["p99"],
-               f"fresh orders' p99 at most 3x the floor's: {fresh['p99']:.2f} ms,"
+        target(fresh["p99"] <= 2 * floor["p99"],
+               f"fresh orders' p99 at most 2x the floor's: {fresh['p99']:.2f} ms,"
                f" {fresh['p99'] / floor['p99']:.1f}x"),
+        target(fresh["pg_us"] <= 1.3 * floor["pg_us"],
+               f"PostgreSQL CPU per fresh order at most 1.3x the floor's:"
+               f" {fresh['pg_us']:,.0f} µs, {fresh['pg_us'] / floor['pg_us']:.2f}x"),
         target(fresh["api_us"] <= 40,
                f"API CPU per fresh order at most 40 µs: {fresh['api_us']:,.0f} µs"),
-        target(fresh["pg_us"] <= 1.2 * floor["pg_us"],
-               f"PostgreSQL CPU per order at most 1.2x the floor's:"
-               f" {fresh['pg_us']:,.0f} µs, {fresh['pg_us'] / floor['pg_us']:.2f}x"),
-        target(replay["rps"] >= 0.6 * lookup["rps"] or replay["rps"] >= 40000,
-               f"replays at least 0.6 of the lookup (or 40,000 req/s):"
+        target(floor["rps"] >= 0.8 * lean["rps"],
+               f"the service's schema floor at least 0.8 of the lean schema's:"
+               f" {floor['rps'] / lean['rps']:.2f}"),
+        target(replay["rps"] >= 0.9 * lookup["rps"],
+               f"order replays at least 0.9 of the key lookup:"
                f" {replay['rps'] / lookup['rps']:.2f}, {replay['rps']:,.0f} req/s"),
         target(pay["rps"] >= 0.6 * pay_sql["rps"],
                f"payments (provider latency 0) at least 0.6 of their SQL ceiling:"
@@ -535,6 +596,9 @@ def main():
                           ("api_fresh", "api_replay", "api_pay", "api_pay_replay",
                            "api_bare") if R[n]["socket_errors"]) or "none")),
         target(rss <= 48, f"API RSS at most 48 MiB: {rss:.1f} MiB"),
+        target(all(r["foreign"] <= NOISY_SHARE for r in R.values()),
+               f"a quiet machine: others took at most {100 * NOISY_SHARE:.0f}% of the"
+               f" CPUs in every run (the most: {100 * max(r['foreign'] for r in R.values()):.0f}%)"),
     ]
     for name in ("api_fresh", "api_replay", "api_pay", "api_pay_replay"):
         r = R[name]

@@ -55,15 +55,19 @@ comment on function idem_confirm() is
     'Makes the calling transaction write WAL, so that its commit waits for '
     'the synchronous standby: called before answering a replay.';
 
--- The dispatcher of the transactional operations: one static call per
--- registered operation, written by idem_tx_dispatch_build() whenever
--- idem_operation() registers one. An operation's function returns
--- (status_code int, response text), in that order: the call takes its
--- columns by position. tx_execute() calls it rather than looking
--- the function up and running it with EXECUTE, which PostgreSQL would
--- parse and plan again on every request; each call here is a statement
--- whose plan the session keeps.
-create or replace function idem_tx_dispatch_build()
+-- tx_execute(), what the service calls, is written from the registry by
+-- idem_tx_execute_build() whenever idem_operation() registers an
+-- operation: the replay lookup, one static call per transactional
+-- operation, and the key's insert, in ONE PL/pgSQL function. Each call
+-- is a statement whose plan the session keeps (EXECUTE of a function
+-- looked up by name would be parsed and planned on every request), and
+-- no level of functions sits between the service's call and the
+-- operation's. The answer is one row of OUT parameters, not a set, so
+-- nothing is materialized on the way out; an operation's function is
+-- best written the same way (OUT status_code int, OUT response text), but
+-- one that returns a table of those columns is called the same, and its
+-- first row taken. The columns are taken by position.
+create or replace function idem_tx_execute_build()
 returns void
 language plpgsql as $$
 declare
@@ -74,77 +78,44 @@ begin
 		      from idem_operations o
 		     where o.strategy = 'transactional'
 		     order by o.operation loop
-		v_calls := v_calls || format($c$	if p_operation = %L then
-		return query select * from %s(p_client, p_key, p_request);
-		return;
-	end if;
+		v_calls := v_calls || format($c$	elsif p_operation = %L then
+		select * into status_code, response
+		  from %s(p_client, p_key, p_request);
 $c$, v_op.operation, v_op.run);
 	end loop;
 
 	-- The body is one quoted literal: nothing in a name can end it.
-	execute format('create or replace function idem_tx_dispatch('
-	    'p_operation text, p_client text, p_key text, p_request jsonb) '
-	    'returns table (status_code int, response text) '
-	    'language plpgsql as %L', E'begin\n' || v_calls ||
-	    E'\traise exception ''no transactional operation %'', ' ||
-	    E'p_operation;\nend;\n');
-end;
-$$;
-
-comment on function idem_tx_dispatch_build() is
-    'Writes idem_tx_dispatch(), the static calls of the registered '
-    'transactional operations; run by idem_operation().';
-
-select idem_tx_dispatch_build();
-
--- A retry's answer, as tx_execute() gives it: replayed or mismatch, with
--- the key's age (from its first request: what the workers' replay caches
--- must forget it by, before the cleanup may delete it) and whether commits
--- wait for a synchronous standby.
-create or replace function tx_replay(p_client text, p_key text,
-    p_operation text, p_fingerprint text)
-returns table (outcome text, status_code int, response text,
-    age_ms bigint, standby boolean)
-language sql stable as $$
+	execute format($f$create or replace function tx_execute(
+	    p_client text, p_key text, p_operation text, p_fingerprint text,
+	    p_request jsonb, out outcome text, out status_code int,
+	    out response text, out age_ms bigint, out standby boolean)
+	language plpgsql as %L$f$, $b$
+begin
+	-- A retry of a finished key: one index lookup, with the key's age
+	-- from its first request (what the workers' replay caches must
+	-- forget it by, before the cleanup may delete it). Its commit waits
+	-- for the synchronous standby like a write's (idem_confirm()).
 	select case when k.operation = p_operation and
 		    k.fingerprint = p_fingerprint then 'replayed'
 		    else 'mismatch' end,
 	       k.status_code, k.response,
 	       greatest(0, (extract(epoch from clock_timestamp() -
-		   k.created_at) * 1000)::bigint),
-	       idem_standby()
+		   k.created_at) * 1000)::bigint)
+	  into outcome, status_code, response, age_ms
 	  from idempotency_keys k
 	 where k.client_id = p_client and k.idem_key = p_key;
-$$;
-
-comment on function tx_replay(text, text, text, text) is
-    'The answer to a retry of a finished key, with its age and whether '
-    'commits wait for a synchronous standby.';
-
--- What the service calls. Its columns beyond tx_run()'s are new; so it is
--- a function of its own, and tx_run() keeps its columns for the code that
--- runs while a database is migrated (migrate first, then deploy).
-create or replace function tx_execute(p_client text, p_key text,
-    p_operation text, p_fingerprint text, p_request jsonb)
-returns table (outcome text, status_code int, response text,
-    age_ms bigint, standby boolean)
-language plpgsql as $$
-declare
-	v_status	int;
-	v_response	text;
-begin
-	-- A retry of a finished key: one index lookup. Its commit waits for
-	-- the synchronous standby like a write's (idem_confirm()).
-	return query select * from tx_replay(p_client, p_key, p_operation,
-	    p_fingerprint);
 	if found then
+		standby := idem_standby();
 		perform idem_confirm();
 		return;
 	end if;
 
 	-- The operation's business writes; an unregistered operation raises.
-	select d.status_code, d.response into v_status, v_response
-	  from idem_tx_dispatch(p_operation, p_client, p_key, p_request) d;
+	if p_operation is null then
+		raise exception 'no transactional operation %', p_operation;
+$b$ || v_calls || $b$	else
+		raise exception 'no transactional operation %', p_operation;
+	end if;
 
 	-- The key, written once and already finished, in the transaction of
 	-- the business rows. A concurrent first attempt with the same key
@@ -152,15 +123,16 @@ begin
 	-- transaction ends.
 	insert into idempotency_keys (client_id, idem_key, operation,
 	    fingerprint, status, status_code, response, finished_at)
-	values (p_client, p_key, p_operation, p_fingerprint, 'done', v_status,
-	    v_response, now())
+	values (p_client, p_key, p_operation, p_fingerprint, 'done',
+	    status_code, response, now())
 	on conflict do nothing;
 
 	-- It committed first: this transaction's business writes must not
 	-- stay. Rolled back whole (a serialization failure); the service
 	-- runs the call again, and its lookup replays what the first saved.
-	-- The service knows this expected rollback by its detail (DB_KEY_TAKEN
-	-- in src/core/db.h), and does not count it as a database error.
+	-- The service knows this expected rollback by its detail
+	-- (DB_KEY_TAKEN in src/core/db.h), and does not count it as a
+	-- database error.
 	if not found then
 		raise exception using errcode = 'serialization_failure',
 		    message = 'Idempotency-Key taken by a concurrent '
@@ -170,20 +142,55 @@ begin
 
 	-- The key's age, counted from this transaction's start (its
 	-- created_at), as a replay would count it.
-	return query select 'created'::text, v_status, v_response,
-	    greatest(0, (extract(epoch from clock_timestamp() - now()) *
-	    1000)::bigint), idem_standby();
+	outcome := 'created';
+	age_ms := greatest(0, (extract(epoch from clock_timestamp() - now()) *
+	    1000)::bigint);
+	standby := idem_standby();
 end;
-$$;
+$b$);
 
-comment on function tx_execute(text, text, text, text, jsonb) is
+	execute $c$comment on function tx_execute(text, text, text, text, jsonb) is
     'Transactional strategy: runs the operation''s function and writes the '
     'key with its answer in the same transaction (created), or answers a '
     'retry from the saved row (replayed, mismatch). A call whose key a '
     'concurrent first attempt committed is rolled back with SQLSTATE 40001 '
     '(detail idem:key-taken): run it again, it replays. With the key''s age '
     'in ms and whether commits wait for a synchronous standby (for the '
-    'workers'' replay caches).';
+    'workers'' replay caches). Written by idem_tx_execute_build().'$c$;
+end;
+$$;
+
+comment on function idem_tx_execute_build() is
+    'Writes tx_execute(), with the static calls of the registered '
+    'transactional operations; run by idem_operation().';
+
+-- A function that returned a set and now returns one row of OUT
+-- parameters cannot be replaced in place: it is dropped, once, and its
+-- migration writes it again at once, in the same transaction (instances
+-- of the previous version call it with the same arguments and get the
+-- same columns). Until this version tx_execute() and the operations'
+-- functions returned sets.
+create or replace function idem_drop_set_returning(p_function text)
+returns void
+language plpgsql as $$
+begin
+	if exists (select from pg_proc
+		    where oid = to_regprocedure(p_function) and proretset) then
+		execute format('drop function %s', to_regprocedure(p_function));
+	end if;
+end;
+$$;
+
+comment on function idem_drop_set_returning(text) is
+    'Drops the function of this signature if it returns a set, for a '
+    'migration that writes it again returning one row.';
+
+select idem_drop_set_returning('tx_execute(text, text, text, text, jsonb)');
+drop function if exists idem_tx_dispatch_build();
+drop function if exists idem_tx_dispatch(text, text, text, jsonb);
+drop function if exists tx_replay(text, text, text, text);
+
+select idem_tx_execute_build();
 
 -- The same, without the two columns: what the service called before
 -- tx_execute().

@@ -2,7 +2,7 @@
 -- they return on a replay, a mismatch and an insufficient balance. Every
 -- operation runs through tx_run(), as the service calls it.
 begin;
-select plan(46);
+select plan(57);
 
 -- The base of problem type URLs, as the service sets it on its connections.
 set local idem.public_url = 'http://x';
@@ -156,6 +156,57 @@ select lives_ok($$select idem_operation('test.echo', 'lease', 'test_tx_echo')$$,
 select throws_ok($$select * from tx_execute('shop-1', 'e-2', 'test.echo',
     repeat('e', 64), '{}'::jsonb)$$, 'P0001', 'no transactional operation test.echo',
     'it is no longer run as a transactional one');
+
+-- tx_execute() is one function, written from the registry, that calls the
+-- operation's function itself and answers one row, not a set; an
+-- operation written with OUT parameters runs the same as one that returns
+-- a table.
+select is((select proretset from pg_proc
+            where oid = 'tx_execute(text, text, text, text, jsonb)'::regprocedure),
+    false, 'tx_execute answers one row, not a set');
+select is((select count(*)::int from pg_proc
+            where proname in ('idem_tx_dispatch', 'tx_replay')),
+    0, 'no function sits between tx_execute and an operation');
+select is((select count(*)::int from pg_proc
+            where proname in ('order_create', 'bonus_apply', 'bonus_transfer')
+              and not proretset),
+    3, 'the operations of the service answer one row');
+create function test_tx_out(p_client text, p_key text, p_request jsonb,
+    out status_code int, out response text)
+language plpgsql as $$
+begin
+	status_code := 201;
+	response := p_request::text;
+end;
+$$;
+select lives_ok($$select idem_operation('test.out', 'transactional',
+    'test_tx_out')$$, 'an operation with OUT parameters registers');
+select is((select outcome || ' ' || status_code || ' ' || response
+             from tx_execute('shop-1', 'out-1', 'test.out', repeat('e', 64),
+               '{"b":2}'::jsonb)), 'created 201 {"b": 2}',
+    'and runs through tx_execute');
+select is((select outcome || ' ' || response from tx_execute('shop-1', 'out-1',
+    'test.out', repeat('e', 64), '{"b":3}'::jsonb)), 'replayed {"b": 2}',
+    'and replays its saved answer');
+select throws_ok($$select * from tx_execute('shop-1', 'n-1', null,
+    repeat('e', 64), '{}'::jsonb)$$, 'P0001', 'no transactional operation <NULL>',
+    'a null operation is refused');
+select idem_drop_set_returning('test_tx_out(text, text, jsonb)');
+select ok(to_regprocedure('test_tx_out(text, text, jsonb)') is not null,
+    'idem_drop_set_returning keeps a function that answers one row');
+select idem_drop_set_returning('test_tx_echo(text, text, jsonb)');
+select ok(to_regprocedure('test_tx_echo(text, text, jsonb)') is null,
+    'and drops one that returns a set');
+
+-- The ledger names an order without a foreign key (010_orders_bonuses.sql):
+-- every order's ledger row names an order that exists.
+select is((select count(*)::int from bonus_ledger l
+            where l.order_id is not null
+              and not exists (select from orders o where o.order_id = l.order_id)),
+    0, 'no ledger row names a missing order');
+select is((select count(*)::int from pg_constraint
+            where conname = 'bonus_ledger_order_id_fkey'), 0,
+    'and the ledger has no foreign key to orders');
 
 select * from finish();
 rollback;
