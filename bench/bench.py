@@ -25,8 +25,8 @@ from harness import (DB_URL, TMP, Api, Provider, PsqlSession, concurrently,  # n
 
 SECONDS = int(os.environ.get("BENCH_SECONDS", "10"))
 # Every row measured this many times, one run after the other; the table
-# gives each figure's median and the spread of req/s (make bench-quiet
-# sets 3: the README's figures).
+# gives each figure's median and the spread of req/s (the README's
+# figures come from BENCH_RUNS=3).
 RUNS = int(os.environ.get("BENCH_RUNS", "1"))
 WARMUP = int(os.environ.get("BENCH_WARMUP_SECONDS", "5"))
 CONNECTIONS = int(os.environ.get("BENCH_CONNECTIONS", "32"))
@@ -214,8 +214,8 @@ def pgbench(script, mode="extended", seconds=SECONDS):
     CPU on its caches and on compiling the PL/pgSQL it calls), and none
     starts or exits in the window. pgbench's -T counts from its start,
     connections included, so it runs CONNECT_SLACK seconds longer. mode:
-    extended (each statement planned every time, as the API sends its
-    calls) or prepared (planned once per connection)."""
+    prepared (planned once per connection, as the API sends its calls) or
+    extended (each statement planned every time)."""
     progress(f"pgbench {script} ({mode})")
     quiesce()
     prefix = os.path.join(TMP, f"pgbench-{mode}-{os.path.basename(script)}")

@@ -94,9 +94,9 @@ def main():
     lines = [
         f"PostgreSQL CPU per fresh order of the one-statement floor, {ROUNDS} rounds of"
         f" {SECONDS} s at {CONNECTIONS} connections, median {base:,.0f} µs. Each row: the"
-        " share of it that goes away without the part (median over the rounds, each"
-        " against the full schema's run of the same round; negative: within the"
-        " machine's drift).",
+        " change of it without the part (median over the rounds, each against the"
+        " full schema's run of the same round): negative, what the part costs;"
+        " positive, the machine's drift.",
         "",
         "| part of the schema | CPU per order without it | min | max |",
         "|---|---:|---:|---:|",

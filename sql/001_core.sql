@@ -60,27 +60,8 @@ comment on column idempotency_keys.request is
 -- A transactional request writes its key row once, already done. The
 -- lease strategy's rows are updated; only the partial index follows
 -- locked_until, and only while a lease is held.
---
--- The cleanup job finds expired keys by created_at. Rows are written in
--- the order of created_at, so a block range index (BRIN) finds them: a
--- few bytes per 128 pages, where a B-tree took an entry per key, every
--- concurrent insert into its one rightmost page (make bench-schema
--- measured what each index costs a fresh order; see Benchmark in the
--- README). autosummarize keeps the ranges filled by new keys
--- summarized without waiting for a vacuum. A database made with the
--- B-tree gets the BRIN in its place.
-do $$
-begin
-	if exists (select from pg_indexes
-		    where indexname = 'idempotency_keys_created'
-		      and indexdef like '% USING btree %') then
-		drop index idempotency_keys_created;
-	end if;
-end;
-$$;
 create index if not exists idempotency_keys_created
-    on idempotency_keys using brin (created_at)
-    with (autosummarize = on);
+    on idempotency_keys (created_at);
 create index if not exists idempotency_keys_leased
     on idempotency_keys (locked_until) where locked_until is not null;
 

@@ -62,11 +62,11 @@ comment on function idem_confirm() is
 -- is a statement whose plan the session keeps (EXECUTE of a function
 -- looked up by name would be parsed and planned on every request), and
 -- no level of functions sits between the service's call and the
--- operation's. The answer is one row of OUT parameters, not a set, so
--- nothing is materialized on the way out; an operation's function is
--- best written the same way (OUT status_code int, OUT response text), but
--- one that returns a table of those columns is called the same, and its
--- first row taken. The columns are taken by position.
+-- operation's. An operation's function returns (status_code int,
+-- response text), as a table or as OUT parameters: its first row is
+-- taken, its columns by position. tx_execute() keeps the signature it
+-- has had (a table of its five columns), so that the previous version's
+-- migrations still apply over this one (a rollback).
 create or replace function idem_tx_execute_build()
 returns void
 language plpgsql as $$
@@ -87,8 +87,9 @@ $c$, v_op.operation, v_op.run);
 	-- The body is one quoted literal: nothing in a name can end it.
 	execute format($f$create or replace function tx_execute(
 	    p_client text, p_key text, p_operation text, p_fingerprint text,
-	    p_request jsonb, out outcome text, out status_code int,
-	    out response text, out age_ms bigint, out standby boolean)
+	    p_request jsonb)
+	returns table (outcome text, status_code int, response text,
+	    age_ms bigint, standby boolean)
 	language plpgsql as %L$f$, $b$
 begin
 	-- A retry of a finished key: one index lookup, with the key's age
@@ -107,6 +108,7 @@ begin
 	if found then
 		standby := idem_standby();
 		perform idem_confirm();
+		return next;
 		return;
 	end if;
 
@@ -146,6 +148,7 @@ $b$ || v_calls || $b$	else
 	age_ms := greatest(0, (extract(epoch from clock_timestamp() - now()) *
 	    1000)::bigint);
 	standby := idem_standby();
+	return next;
 end;
 $b$);
 
@@ -164,31 +167,11 @@ comment on function idem_tx_execute_build() is
     'Writes tx_execute(), with the static calls of the registered '
     'transactional operations; run by idem_operation().';
 
--- A function that returned a set and now returns one row of OUT
--- parameters cannot be replaced in place: it is dropped, once, and its
--- migration writes it again at once, in the same transaction (instances
--- of the previous version call it with the same arguments and get the
--- same columns). Until this version tx_execute() and the operations'
--- functions returned sets.
-create or replace function idem_drop_set_returning(p_function text)
-returns void
-language plpgsql as $$
-begin
-	if exists (select from pg_proc
-		    where oid = to_regprocedure(p_function) and proretset) then
-		execute format('drop function %s', to_regprocedure(p_function));
-	end if;
-end;
-$$;
-
-comment on function idem_drop_set_returning(text) is
-    'Drops the function of this signature if it returns a set, for a '
-    'migration that writes it again returning one row.';
-
-select idem_drop_set_returning('tx_execute(text, text, text, text, jsonb)');
+-- The previous version's tx_execute() called these two; a call already
+-- running it when this migration commits may still reach them. They are
+-- left as they were (the dispatcher no longer follows the registry), and
+-- go in the next version.
 drop function if exists idem_tx_dispatch_build();
-drop function if exists idem_tx_dispatch(text, text, text, jsonb);
-drop function if exists tx_replay(text, text, text, text);
 
 select idem_tx_execute_build();
 

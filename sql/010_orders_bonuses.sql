@@ -64,8 +64,9 @@ create table if not exists bonus_ledger (
 -- order, and orders are never deleted once committed, so the key would
 -- guard nothing the code does not. It cost every fresh order a lookup
 -- and a row lock on the order just written: about a seventh of the
--- database's CPU for one (make bench-schema). tests/sql/02_transactional.sql
--- checks that no ledger row names a missing order.
+-- database's CPU for one (make bench-schema, Benchmark in the README).
+-- tests/sql/02_transactional.sql checks that no ledger row names a
+-- missing order.
 alter table bonus_ledger drop constraint if exists bonus_ledger_order_id_fkey;
 
 comment on table bonus_ledger is
@@ -168,10 +169,9 @@ drop function if exists bonus_apply(text, text, text, text, bigint, text,
 -- The order, the accrual and its ledger row are one statement (what
 -- bonus_post() does, inlined): the path every fresh order takes is the
 -- one PostgreSQL runs fastest (see Benchmark in the README).
-select idem_drop_set_returning('order_create(text, text, jsonb)');
-
 create or replace function order_create(p_client text, p_key text,
-    p_request jsonb, out status_code int, out response text)
+    p_request jsonb)
+returns table (status_code int, response text)
 language plpgsql as $$
 declare
 	v_customer	text := p_request->>'customer_id';
@@ -215,13 +215,12 @@ begin
 		-- Refused after the insert of the order; the row was never
 		-- visible to anyone else.
 		delete from orders where order_id = v_order;
-		select * into status_code, response
-		  from bonus_limit_problem(p_client, v_customer, v_points);
+		return query select * from bonus_limit_problem(p_client,
+		    v_customer, v_points);
 		return;
 	end if;
 
-	status_code := 201;
-	response := format('{"order_id":%s,"customer_id":%s,'
+	return query select 201, format('{"order_id":%s,"customer_id":%s,'
 	    '"amount":%s,"currency":%s,"bonus_points":%s}', v_order,
 	    to_json(v_customer), v_amount, to_json(v_currency), v_points);
 end;
@@ -236,10 +235,9 @@ select idem_operation('orders.create', 'transactional', 'order_create');
 -- POST /v1/bonuses, run by tx_execute(). An insufficient balance, or an
 -- accrual past 2^53-1, is the operation's outcome: a saved 422 and no
 -- ledger row.
-select idem_drop_set_returning('bonus_apply(text, text, jsonb)');
-
 create or replace function bonus_apply(p_client text, p_key text,
-    p_request jsonb, out status_code int, out response text)
+    p_request jsonb)
+returns table (status_code int, response text)
 language plpgsql as $$
 declare
 	v_customer	text := p_request->>'customer_id';
@@ -252,22 +250,20 @@ begin
 	    p_request->>'reason', null, p_key) b;
 
 	if v_entry is null and v_points > 0 then
-		select * into status_code, response
-		  from bonus_limit_problem(p_client, v_customer, v_points);
+		return query select * from bonus_limit_problem(p_client,
+		    v_customer, v_points);
 	elsif v_entry is null then
 		select coalesce(max(a.balance), 0) into v_balance
 		  from bonus_accounts a
 		 where a.client_id = p_client and a.customer_id = v_customer;
-		select * into status_code, response
-		  from idem_problem('insufficient-balance',
+		return query select * from idem_problem('insufficient-balance',
 		    format('customer %s has %s points and cannot redeem %s',
 		    v_customer, v_balance, -v_points),
 		    format(',"balance":%s', v_balance));
 	else
-		status_code := 201;
-		response := format('{"entry_id":%s,"customer_id":%s,'
-		    '"points":%s,"balance":%s}', v_entry, to_json(v_customer),
-		    v_points, v_balance);
+		return query select 201, format('{"entry_id":%s,'
+		    '"customer_id":%s,"points":%s,"balance":%s}', v_entry,
+		    to_json(v_customer), v_points, v_balance);
 	end if;
 end;
 $$;

@@ -55,10 +55,9 @@ $$;
 -- writes the key. A sender with too few points (none without an account) is an
 -- insufficient-balance 422, a receiver that would pass 2^53-1 a
 -- balance-limit-exceeded 422: saved outcomes, with nothing else written.
-select idem_drop_set_returning('bonus_transfer(text, text, jsonb)');
-
 create or replace function bonus_transfer(p_client text, p_key text,
-    p_request jsonb, out status_code int, out response text)
+    p_request jsonb)
+returns table (status_code int, response text)
 language plpgsql as $$
 declare
 	v_from		text := p_request->>'from_customer_id';
@@ -116,8 +115,7 @@ begin
 			delete from bonus_accounts a
 			 where a.client_id = p_client and a.customer_id = v_to;
 		end if;
-		select * into status_code, response
-		  from idem_problem('insufficient-balance',
+		return query select * from idem_problem('insufficient-balance',
 		    format('customer %s has %s points and cannot transfer %s',
 		    v_from, v_from_balance, v_points),
 		    format(',"balance":%s', v_from_balance));
@@ -125,8 +123,8 @@ begin
 	end if;
 
 	if v_to_balance > 9007199254740991 - v_points then
-		select * into status_code, response
-		  from bonus_limit_problem(p_client, v_to, v_points);
+		return query select * from bonus_limit_problem(p_client, v_to,
+		    v_points);
 		return;
 	end if;
 
@@ -152,8 +150,7 @@ begin
 	       (p_client, v_to, v_points, p_request->>'reason', p_key,
 	    v_transfer);
 
-	status_code := 201;
-	response := format('{"transfer_id":%s,'
+	return query select 201, format('{"transfer_id":%s,'
 	    '"from_customer_id":%s,"to_customer_id":%s,"points":%s,'
 	    '"from_balance":%s,"to_balance":%s}', v_transfer, to_json(v_from),
 	    to_json(v_to), v_points, v_from_balance, v_to_balance);
