@@ -156,6 +156,28 @@ try:
     t.eq(title(), "No such resource", "the code as it was")
     t.eq(order("x" * 1500).status, 400, "a 1500-byte comment is refused (limit 1024)")
 
+    # A second make run of the same checkout says who holds it and exits
+    # non-zero, touching nothing: no build, no pid file, no reload.
+    pid_files = {f: open(os.path.join(copy, f)).read()
+                 for f in ("kore.pid", "provider.pid") if os.path.exists(os.path.join(copy, f))}
+    app_mtime = os.stat(os.path.join(copy, "app.so")).st_mtime
+    second = MakeRun("devloop-second", env)
+    second_status = second.wait(timeout=60)
+    said = second.output()
+    held = re.search(r"make run, pid (\d+)", said)
+    t.ok(second_status not in (None, 0) and held is not None,
+         "a second make run of the checkout exits non-zero and names the holder",
+         f"status {second_status}\n{said[-1500:]}")
+    holder = int(held.group(1)) if held else 0
+    t.ok(holder > 0 and alive(holder) and "scripts/run" in open(
+        f"/proc/{holder}/cmdline").read().replace("\0", " "),
+        "the holder it names is the first make run's script")
+    t.eq({f: open(os.path.join(copy, f)).read() for f in pid_files}, pid_files,
+         "the first one's pid files are untouched")
+    t.eq(os.stat(os.path.join(copy, "app.so")).st_mtime, app_mtime,
+         "nothing was built over its code")
+    t.ok(answers() and workers() == before, "and the first one serves on, same workers")
+
     # A .c file.
     edit("src/core/problem.c", '"No such resource"', '"No such resource here"')
     wait_until(lambda: title() == "No such resource here", "the edit to serve", timeout=90)
