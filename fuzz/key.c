@@ -4,7 +4,8 @@
  *
  * The input is the header's value as Kore hands it over, a C string. A
  * key taken is 1 to 255 visible ASCII characters; a bare value is the key
- * itself, a quoted one means its content ("a\"b" is a"b). The parser
+ * itself, a quoted one means its content ("a\"b" is a"b); spaces and tabs
+ * around the value are not part of it. The parser
  * takes exactly the values a second, plain reading of the rule takes.
  */
 
@@ -18,6 +19,7 @@
 
 static int	visible(char);
 static int	expected(const char *, char *);
+static int	expected_trimmed(const char *, char *);
 
 int	LLVMFuzzerTestOneInput(const u_int8_t *, size_t);
 
@@ -73,6 +75,29 @@ visible(char c)
  */
 static int
 expected(const char *value, char *want)
+{
+	char		*trimmed;
+	size_t		i, n, len;
+	int		ok;
+
+	/* Spaces and tabs around the value are not part of it. */
+	while (*value == ' ' || *value == '\t')
+		value++;
+	len = strlen(value);
+	while (len > 0 && (value[len - 1] == ' ' || value[len - 1] == '\t'))
+		len--;
+	trimmed = malloc(len + 1);
+	memcpy(trimmed, value, len);
+	trimmed[len] = '\0';
+	ok = expected_trimmed(trimmed, want);
+	free(trimmed);
+
+	return (ok);
+}
+
+/* The rule on a value without surrounding whitespace. */
+static int
+expected_trimmed(const char *value, char *want)
 {
 	size_t		i, n;
 

@@ -53,28 +53,39 @@ static int
 key_parse(const char *value, char *out)
 {
 	size_t		len;
-	const char	*p;
+	const char	*p, *end;
+
+	/*
+	 * Whitespace around a field value is not part of it (RFC 9110,
+	 * 5.5): spaces and tabs are stripped from both ends. Kore strips the
+	 * leading spaces itself; a trailing one was a 400 before.
+	 */
+	while (*value == ' ' || *value == '\t')
+		value++;
+	end = value + strlen(value);
+	while (end > value && (end[-1] == ' ' || end[-1] == '\t'))
+		end--;
 
 	len = 0;
 
 	if (*value != '"') {
-		for (p = value; *p != '\0'; p++) {
+		for (p = value; p < end; p++) {
 			if (*p < 0x21 || *p > 0x7e || len == IDEM_KEY_MAX)
 				return (KORE_RESULT_ERROR);
 			out[len++] = *p;
 		}
 	} else {
-		for (p = value + 1; *p != '"'; p++) {
+		for (p = value + 1; p < end && *p != '"'; p++) {
 			if (*p == '\\') {
 				p++;
-				if (*p != '"' && *p != '\\')
+				if (p == end || (*p != '"' && *p != '\\'))
 					return (KORE_RESULT_ERROR);
 			}
 			if (*p < 0x21 || *p > 0x7e || len == IDEM_KEY_MAX)
 				return (KORE_RESULT_ERROR);
 			out[len++] = *p;
 		}
-		if (p[1] != '\0')
+		if (p == end || p + 1 != end)
 			return (KORE_RESULT_ERROR);
 	}
 
