@@ -424,6 +424,7 @@ def measure(api, provider):
     R = {}
     # Each floor runs just before the API on the same work, so that both
     # meet tables of about the same size.
+    sql("select lean.catch_up()")
     R["floor_lean"] = pgbench("lean_floor.sql", "prepared")
     R["floor_fresh"] = pgbench("order_floor.sql", "prepared")
     R["floor_fresh_ext"] = pgbench("order_floor.sql")
@@ -570,7 +571,7 @@ def main():
                f" {fresh['rps'] / floor['rps']:.2f}"),
         target(fresh["p99"] <= 2 * floor["p99"],
                f"fresh orders' p99 at most 2x the floor's: {fresh['p99']:.2f} ms,"
-               f" {fresh['p99'] / floor['p99']:.1f}x"),
+               f" {fresh['p99'] / floor['p99']:.2f}x"),
         target(fresh["pg_us"] <= 1.3 * floor["pg_us"],
                f"PostgreSQL CPU per fresh order at most 1.3x the floor's:"
                f" {fresh['pg_us']:,.0f} µs, {fresh['pg_us'] / floor['pg_us']:.2f}x"),
@@ -589,18 +590,19 @@ def main():
                f"payment replays' p99 under 10 ms:"
                f" {R['api_pay_replay']['p99']:.2f} ms"),
         target(not any(R[n]["socket_errors"] for n in
-                       ("api_fresh", "api_replay", "api_pay", "api_pay_replay",
-                        "api_bare")),
+                       ("api_fresh_nice0", "api_fresh", "api_replay", "api_pay",
+                        "api_pay_replay", "api_bare")),
                "no socket error or timeout in any API run: " +
                (", ".join(f"{n} {R[n]['socket_errors']}" for n in
-                          ("api_fresh", "api_replay", "api_pay", "api_pay_replay",
-                           "api_bare") if R[n]["socket_errors"]) or "none")),
+                          ("api_fresh_nice0", "api_fresh", "api_replay", "api_pay",
+                           "api_pay_replay", "api_bare") if R[n]["socket_errors"]) or "none")),
         target(rss <= 48, f"API RSS at most 48 MiB: {rss:.1f} MiB"),
         target(all(r["foreign"] <= NOISY_SHARE for r in R.values()),
                f"a quiet machine: others took at most {100 * NOISY_SHARE:.0f}% of the"
                f" CPUs in every run (the most: {100 * max(r['foreign'] for r in R.values()):.0f}%)"),
     ]
-    for name in ("api_fresh", "api_replay", "api_pay", "api_pay_replay"):
+    for name in ("api_fresh_nice0", "api_fresh", "api_replay", "api_pay",
+                 "api_pay_replay"):
         r = R[name]
         if r["non2xx"] or r["socket_errors"]:
             lines.append(f"WARNING {name}: {r['non2xx']} non-2xx, socket errors: "
@@ -615,7 +617,8 @@ def main():
         f.write(text + "\n")
     # A figure of wrong answers is no figure: an API run that got any
     # answer but its 2xx (the bare run: any but its 401) fails the bench.
-    wrong = [n for n in ("api_fresh", "api_replay", "api_pay", "api_pay_replay")
+    wrong = [n for n in ("api_fresh_nice0", "api_fresh", "api_replay", "api_pay",
+                         "api_pay_replay")
              if R[n]["non2xx"]] + (["api_bare"] if bare["non2xx"] != bare["n"] else [])
     if wrong:
         sys.exit(f"make bench: wrong answers in {', '.join(wrong)}")

@@ -1,8 +1,8 @@
 """make bench-schema: what each part of the service's schema costs a
 fresh order, measured. The one-statement floor (bench/order_floor.sql)
 runs under pgbench with one part of the schema taken away (an index, a
-foreign key, a table's CHECK constraints), beside the floor with
-everything, in alternating rounds; the part's cost is the PostgreSQL CPU
+foreign key, a table's CHECK constraints), each just after a run of the
+floor with everything, in an order shuffled every round; the part's cost is the PostgreSQL CPU
 per order it saves, as a median over the rounds, because a part costs
 a few per cent and the machine's own drift is as large. The lean schema
 (bench/lean_schema.sql: primary keys only) is measured the same way.
@@ -10,6 +10,7 @@ Writes bench/results/schema.md. Runs in the throwaway cluster of
 scripts/bench; each part is put back before the next is taken."""
 
 import os
+import random
 import re
 import statistics
 import subprocess
@@ -75,13 +76,22 @@ def main():
     lean, base_all, tps_full, tps_lean = [], [], [], []
     for r in range(ROUNDS):
         progress(f"schema round {r + 1} of {ROUNDS}")
-        base, tps = run("order_floor.sql")
-        base_all.append(base)
-        tps_full.append(tps)
-        us, tps = run("lean_floor.sql")
-        lean.append(us / base)
-        tps_lean.append(tps)
-        for name, drop, restore in found:
+        # Each part is measured beside a run of the full schema of its
+        # own, in an order shuffled every round, so that the tables'
+        # growth through a round favours no part.
+        order = list(found) + [None]
+        random.shuffle(order)
+        for part in order:
+            base, tps = run("order_floor.sql")
+            base_all.append(base)
+            if part is None:
+                sql("select lean.catch_up()")
+                us, tps_l = run("lean_floor.sql")
+                lean.append(us / base)
+                tps_full.append(tps)
+                tps_lean.append(tps_l)
+                continue
+            name, drop, restore = part
             for s in drop:
                 sql(s)
             try:
@@ -92,11 +102,12 @@ def main():
             saved[name].append(1 - us / base)
     base = statistics.median(base_all)
     lines = [
-        f"PostgreSQL CPU per fresh order of the one-statement floor, {ROUNDS} rounds of"
+        f"PostgreSQL CPU per fresh order of the one-statement floor, {ROUNDS} round{'s' if ROUNDS != 1 else ''} of"
         f" {SECONDS} s at {CONNECTIONS} connections, median {base:,.0f} µs. Each row: the"
-        " change of it without the part (median over the rounds, each against the"
-        " full schema's run of the same round): negative, what the part costs;"
-        " positive, the machine's drift.",
+        " change of it without the part (median over the rounds, each against a"
+        " run of the full schema just before it; the lean tables first brought to"
+        " the service's row counts): negative, what the part costs; positive, the"
+        " machine's drift. An index put back is built anew, compact.",
         "",
         "| part of the schema | CPU per order without it | min | max |",
         "|---|---:|---:|---:|",
