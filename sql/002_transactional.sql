@@ -167,10 +167,11 @@ comment on function idem_tx_execute_build() is
     'Writes tx_execute(), with the static calls of the registered '
     'transactional operations; run by idem_operation().';
 
--- The previous version's tx_execute() called these two; a call already
--- running it when this migration commits may still reach them. They are
--- left as they were (the dispatcher no longer follows the registry), and
--- go in the next version.
+-- The previous version's tx_execute() called idem_tx_dispatch() and
+-- tx_replay(); a call already running it when this migration commits may
+-- still reach them. They are left as they were (the dispatcher no longer
+-- follows the registry), and go in the next version. What rewrote the
+-- dispatcher goes now.
 drop function if exists idem_tx_dispatch_build();
 
 select idem_tx_execute_build();

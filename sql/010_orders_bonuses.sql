@@ -62,11 +62,10 @@ create table if not exists bonus_ledger (
 -- An order's ledger row names its order without a foreign key: the row
 -- is written only by order_create(), in the statement that inserts the
 -- order, and orders are never deleted once committed, so the key would
--- guard nothing the code does not. It cost every fresh order a lookup
--- and a row lock on the order just written: about a seventh of the
--- database's CPU for one (make bench-schema, Benchmark in the README).
--- tests/sql/02_transactional.sql checks that no ledger row names a
--- missing order.
+-- guard nothing the code does not, and no route or job needs it. It cost
+-- every fresh order a lookup and a row lock on the order just written (a
+-- WAL record of its own). tests/sql/02_transactional.sql checks that no
+-- ledger row names a missing order.
 alter table bonus_ledger drop constraint if exists bonus_ledger_order_id_fkey;
 
 comment on table bonus_ledger is
