@@ -20,6 +20,10 @@ CLUSTER_API_PORT=${IDEM_CLUSTER_API_PORT:-8900}
 CLUSTER_INSTANCES=${IDEM_INSTANCES:-2}
 CLUSTER_PORT=${IDEM_PORT:-8888}
 CLUSTER_PROVIDER_PORT=${IDEM_PROVIDER_PORT:-8889}
+# haproxy's HTTPS, with a certificate from IDEM_TLS_CERT or from a local
+# CA made at the first start (cluster_tls).
+CLUSTER_TLS_PORT=${IDEM_TLS_PORT:-8443}
+CLUSTER_TLS_DIR=$CLUSTER_DIR/tls
 
 node_port() {
 	case "$1" in
@@ -365,4 +369,52 @@ cluster_databases_stop() {
 		rm -f "$CLUSTER_DIR/$name.pgid"
 	done
 	cluster_stop "$CLUSTER_DIR/provider-db"
+}
+
+# The PEM haproxy serves on CLUSTER_TLS_PORT: IDEM_TLS_CERT (a certificate,
+# its chain and its key in one file) when set; otherwise one made once, at
+# the first start, by a local certificate authority of the cluster's own
+# (tls/ca.pem is what a client trusts: curl --cacert). The server's
+# certificate names 127.0.0.1 and localhost. Prints the PEM's path.
+cluster_tls() {
+	local d=$CLUSTER_TLS_DIR ext
+	if [ -n "${IDEM_TLS_CERT:-}" ]; then
+		[ -r "$IDEM_TLS_CERT" ] ||
+		    { echo "IDEM_TLS_CERT=$IDEM_TLS_CERT: no such readable file" >&2; return 1; }
+		echo "$IDEM_TLS_CERT"
+		return 0
+	fi
+	# Made again, CA and all, when a file is missing or the certificate
+	# ends within a day (its CA's key is not kept: clients trust ca.pem).
+	if [ ! -s "$d/server.pem" ] || [ ! -s "$d/ca.pem" ] ||
+	    ! openssl x509 -in "$d/server.pem" -noout -checkend 86400 >/dev/null 2>&1; then
+		rm -rf "$d"
+		mkdir -p "$d"
+		chmod 700 "$d"
+		ext=$(mktemp)
+		printf '%s\n' "basicConstraints = critical, CA:FALSE" \
+		    "keyUsage = critical, digitalSignature" \
+		    "extendedKeyUsage = serverAuth" \
+		    "subjectAltName = IP:127.0.0.1, DNS:localhost" > "$ext"
+		openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 \
+		    -nodes -keyout "$d/ca.key" -out "$d/ca.pem" -days 3650 \
+		    -subj "/CN=idem cluster local CA" \
+		    -addext "basicConstraints = critical, CA:TRUE" \
+		    -addext "keyUsage = critical, keyCertSign, cRLSign" \
+		    2>/dev/null &&
+		openssl req -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes \
+		    -keyout "$d/server.key" -out "$d/server.csr" \
+		    -subj "/CN=127.0.0.1" 2>/dev/null &&
+		openssl x509 -req -in "$d/server.csr" -CA "$d/ca.pem" \
+		    -CAkey "$d/ca.key" -CAcreateserial -days 825 \
+		    -extfile "$ext" -out "$d/server.crt" 2>"$d/openssl.err" ||
+		    { rm -f "$ext"; echo "could not make the local CA in $d:" \
+		    "$(cat "$d/openssl.err")" >&2; return 1; }
+		rm -f "$d/openssl.err"
+		rm -f "$ext" "$d/server.csr" "$d/ca.key" "$d/ca.srl"
+		cat "$d/server.crt" "$d/ca.pem" "$d/server.key" > "$d/server.pem.tmp"
+		chmod 600 "$d/server.pem.tmp" "$d/server.key"
+		mv "$d/server.pem.tmp" "$d/server.pem"
+	fi
+	echo "$d/server.pem"
 }

@@ -33,12 +33,13 @@ import threading
 import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "lib"))
-from harness import (ROOT, Tap, alive, get, post, quote, request,  # noqa: E402
-                     sql, sql_value, wait_until)
+from harness import (ROOT, Tap, alive, cluster_port, get, post, quote,  # noqa: E402
+                     request, sql, sql_value, wait_until)
 
 MIN_KEYS = int(os.environ.get("IDEM_TEST_CLUSTER_KEYS", "2000"))
 CLUSTER_DIR = os.environ["IDEM_CLUSTER_DIR"]
-PORT = int(os.environ["IDEM_PORT"])
+# haproxy over TLS, its chain verified (scripts/test-cluster).
+PORT = cluster_port()
 API_PORT = int(os.environ["IDEM_CLUSTER_API_PORT"])
 INSTANCES = int(os.environ["IDEM_INSTANCES"])
 PGPORT = int(os.environ["IDEM_CLUSTER_PGPORT"])

@@ -16,6 +16,7 @@ import os
 import random
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import threading
@@ -121,8 +122,31 @@ _checked = [0]
 _mismatches = []
 
 
+# Ports served over TLS (make cluster's haproxy): port -> an SSL context
+# that verifies the chain against the cluster's CA and the name 127.0.0.1.
+_tls_ports = {}
+
+
+def cluster_port():
+    """The port make cluster's clients use: haproxy's HTTPS port, its
+    certificate verified against IDEM_TEST_TLS_CA, when that is set
+    (make test-cluster sets it); else its plain HTTP port."""
+    ca = os.environ.get("IDEM_TEST_TLS_CA")
+    if not ca:
+        return int(os.environ["IDEM_PORT"])
+    port = int(os.environ["IDEM_TLS_PORT"])
+    ctx = ssl.create_default_context(cafile=ca)
+    ctx.set_alpn_protocols(["http/1.1"])
+    _tls_ports[port] = ctx
+    return port
+
+
 def request(port, method, path, body=None, headers=None, timeout=60):
-    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
+    if port in _tls_ports:
+        conn = http.client.HTTPSConnection("127.0.0.1", port, timeout=timeout,
+                                           context=_tls_ports[port])
+    else:
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
     try:
         conn.request(method, path, body=body, headers=headers or {})
         resp = conn.getresponse()
