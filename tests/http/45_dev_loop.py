@@ -34,7 +34,8 @@ files = subprocess.run(["git", "ls-files", "-co", "--exclude-standard"], cwd=ROO
 for f in files:
     if os.path.isfile(os.path.join(ROOT, f)):
         os.makedirs(os.path.join(copy, os.path.dirname(f)), exist_ok=True)
-        shutil.copy2(os.path.join(ROOT, f), os.path.join(copy, f))
+        # Links stay links (assets/openapi.json -> docs/openapi.json).
+        shutil.copy2(os.path.join(ROOT, f), os.path.join(copy, f), follow_symlinks=False)
 
 port, provider_port = free_port(), free_port()
 # Its jobs stay out of the way of the other tests' keys in the shared
@@ -184,6 +185,16 @@ try:
     t.ok(all(title() == "No such resource here" for _ in range(10)),
          "an edited .c file serves within seconds")
     t.eq(workers(), before, "by the same workers: none lost")
+
+    # scripts/ is watched too: the OpenAPI document is written by
+    # scripts/openapi.py at every build, and served from the build.
+    edit("scripts/openapi.py", '"title": "Idempotent payments API"',
+         '"title": "Idempotent payments API, edited"')
+    wait_until(lambda: b"payments API, edited" in request(port, "GET", "/openapi.json").body,
+               "the scripts/ edit to serve", timeout=90)
+    t.ok(b"payments API, edited" in request(port, "GET", "/openapi.json").body,
+         "an edit to scripts/openapi.py is built and served")
+    t.eq(workers(), before, "by the same workers")
 
     # A header: every file that includes it is built again.
     edit("src/core/idem.h", "#define IDEM_TEXT_MAX\t\t1024", "#define IDEM_TEXT_MAX\t\t2048")
