@@ -3,7 +3,7 @@
 -- service's). Each table has its primary key and no other index, no
 -- CHECK, no foreign key, no column the order does not fill; the
 -- idempotency key is still a (client, key) pair of texts, because that
--- is what a client sends. bench/lean_floor.sql writes a fresh order into
+-- is what a client sends. bench.py's lean_floor() writes a fresh order into
 -- it in one statement; the service's schema floor
 -- (bench/order_floor.sql) is measured against it.
 create schema if not exists lean;

@@ -86,7 +86,7 @@ def main():
             base_all.append(base)
             if part is None:
                 sql("select lean.catch_up()")
-                us, tps_l = run("lean_floor.sql")
+                us, tps_l = run(bench.lean_floor())
                 lean.append(us / base)
                 tps_full.append(tps)
                 tps_lean.append(tps_l)
