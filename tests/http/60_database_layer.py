@@ -182,8 +182,10 @@ def no_cancel_after_lock_timeout():
 
 def connections_are_named():
     api = api_with("api-db-named", database_url=DB_URL).start()
+    # Up to a minute: the connections of the API stopped just before may
+    # take that long to close under the sanitizers.
     wait_until(lambda: connections("idem-api") == FORMULA_ONE_WORKER,
-               f"{FORMULA_ONE_WORKER} connections named idem-api")
+               f"{FORMULA_ONE_WORKER} connections named idem-api", timeout=60)
     t.eq(connections("idem-api"), FORMULA_ONE_WORKER,
          "a URL without application_name: the connections are named idem-api")
     api.stop()
