@@ -77,7 +77,7 @@ static int
 expected(const char *value, char *want)
 {
 	char		*trimmed;
-	size_t		i, n, len;
+	size_t		len;
 	int		ok;
 
 	/* Spaces and tabs around the value are not part of it. */
