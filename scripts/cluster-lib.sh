@@ -410,8 +410,7 @@ cluster_tls() {
 		    -extfile "$ext" -out "$d/server.crt" 2>"$d/openssl.err" ||
 		    { rm -f "$ext"; echo "could not make the local CA in $d:" \
 		    "$(cat "$d/openssl.err")" >&2; return 1; }
-		rm -f "$d/openssl.err"
-		rm -f "$ext" "$d/server.csr" "$d/ca.key" "$d/ca.srl"
+		rm -f "$ext" "$d/openssl.err" "$d/server.csr" "$d/ca.key" "$d/ca.srl"
 		cat "$d/server.crt" "$d/ca.pem" "$d/server.key" > "$d/server.pem.tmp"
 		chmod 600 "$d/server.pem.tmp" "$d/server.key"
 		mv "$d/server.pem.tmp" "$d/server.pem"

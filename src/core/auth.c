@@ -142,9 +142,10 @@ auth_cleanup(struct auth_lookup *a)
 
 /*
  * The digest is fetched from OpenSSL's provider once per worker, and its
- * context kept (both freed by auth_unload() before a reload): EVP_Digest() with EVP_sha256() fetched and allocated
- * both on every call, which perf showed as several per cent of the API's
- * CPU per fresh order (a fingerprint per request).
+ * context kept (both freed by auth_unload() before a reload):
+ * EVP_Digest() with EVP_sha256() fetched and allocated both on every
+ * call, which perf showed as several per cent of the API's CPU per fresh
+ * order (a fingerprint per request).
  */
 void
 sha256_hex(const void *data, size_t len, char *out)
