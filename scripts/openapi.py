@@ -1,16 +1,17 @@
 #!/usr/bin/env python3
 """Writes docs/openapi.json, the OpenAPI 3.1 document of the API.
 
-The routes and the problem types are read from the code, so that neither
-can be added without the document knowing: every line of the route table
-(src/operations/routes.c, the demo routes aside) must have an operation
-below, and every problem of src/core/problem.c is a schema of its own.
-What each operation takes and answers is written here, next to the
-contract it follows (docs/API.md); the HTTP tests check every response
-they receive against it (tests/lib/openapi.py).
+Nothing of an operation is written here: its route comes from the route
+table (src/operations/routes.c, the demo routes aside), its fields, its
+answer, its summary and its description from its table in
+src/operations/, the problems it answers from the SQL it registers (every
+idem_problem() its functions reach) and from its strategy's own, and every
+problem of src/core/problem.c is a schema of its own. An operation that
+lacks a part of its document stops the build. The HTTP tests check every
+response they receive against the document (tests/lib/openapi.py).
 
 Run by scripts/build before kodev compiles assets/ (assets/openapi.json
-is a link to docs/openapi.json): edit this script, not the JSON.
+is a link to docs/openapi.json): edit the sources, not the JSON.
 """
 
 import json
@@ -25,13 +26,6 @@ MAX = 9007199254740991
 def read(path):
     with open(os.path.join(ROOT, path)) as f:
         return f.read()
-
-
-def route_labels():
-    """The labels of routes.c ("POST /v1/orders"), demo routes aside."""
-    text = read("src/operations/routes.c")
-    text = re.sub(r"#if defined\(DEV_ROUTES\).*?#endif", "", text, flags=re.S)
-    return re.findall(r'HTTP_METHOD_\w+,\s*"[^"]*",\s*"([A-Z]+ [^"]+)"', text)
 
 
 def problem_types():
@@ -141,124 +135,6 @@ def body(props, required, fingerprint, example):
 
 
 SCHEMAS = {
-    "OrderRequest": body({
-        "customer_id": f_id("The customer."),
-        "amount": f_amount("The order's amount."),
-        "currency": f_currency(),
-        "comment": f_text("Free text."),
-    }, ["customer_id", "amount", "currency"],
-        ["customer_id", "amount", "currency", "comment"],
-        {"customer_id": "c-42", "amount": 150000, "currency": "RUB"}),
-    "Order": obj({
-        "order_id": count("The order.", 1),
-        "customer_id": f_id("The customer."),
-        "amount": count("Minor units.", 1),
-        "currency": f_currency(),
-        "bonus_points": count("Points accrued: floor(amount / 100)."),
-    }),
-    "OrderListItem": obj({
-        "order_id": count("The order.", 1),
-        "customer_id": f_id("The customer."),
-        "amount": count("Minor units.", 1),
-        "currency": f_currency(),
-        "comment": {"type": ["string", "null"]},
-        "bonus_points": count("Points accrued."),
-        "created_at": {"type": "string", "description": "When it was "
-                       "created (PostgreSQL's timestamptz in JSON)."},
-    }),
-    "OrderList": obj({
-        "orders": {"type": "array", "items": ref("OrderListItem"),
-                   "description": "The client's latest 100 orders of the "
-                   "customer, oldest first."},
-    }),
-    "BonusRequest": body({
-        "customer_id": f_id("The customer."),
-        "points": f_points("Points to accrue (> 0) or redeem (< 0)."),
-        "reason": f_text("Why."),
-    }, ["customer_id", "points", "reason"],
-        ["customer_id", "points", "reason"],
-        {"customer_id": "c-42", "points": -500, "reason": "redeem"}),
-    "BonusEntry": obj({
-        "entry_id": count("The ledger row.", 1),
-        "customer_id": f_id("The customer."),
-        "points": {"type": "integer", "minimum": -MAX, "maximum": MAX},
-        "balance": count("The new balance."),
-    }),
-    "Balance": obj({
-        "customer_id": f_id("The customer."),
-        "balance": count("0 for an unknown customer."),
-    }),
-    "TransferRequest": body({
-        "from_customer_id": f_id("Who gives."),
-        "to_customer_id": f_id("Who receives; differs from "
-                               "from_customer_id."),
-        "points": f_positive("Points moved."),
-        "reason": f_text("Why."),
-    }, ["from_customer_id", "to_customer_id", "points", "reason"],
-        ["from_customer_id", "to_customer_id", "points", "reason"],
-        {"from_customer_id": "c-1", "to_customer_id": "c-2", "points": 300,
-         "reason": "gift"}),
-    "Transfer": obj({
-        "transfer_id": count("The transfer.", 1),
-        "from_customer_id": f_id("Who gave."),
-        "to_customer_id": f_id("Who received."),
-        "points": count("Points moved.", 1),
-        "from_balance": count("The giver's new balance."),
-        "to_balance": count("The receiver's new balance."),
-    }),
-    "PaymentRequest": body({
-        "amount": f_amount("The charge."),
-        "currency": f_currency(),
-        "recipient": f_id("Who is paid (the fake provider's magic "
-                          "recipients: decline, fail, slow, reject)."),
-        "purpose": f_text("Free text."),
-        "payment_method": f_token("The provider's reference to the means "
-                                  "of payment: Stripe's source, e.g. "
-                                  "tok_visa. Required when the service "
-                                  "runs with IDEM_PROVIDER_KIND=stripe "
-                                  "(a 400 before the key is taken)."),
-        "sent_at": {"description": "Any value; not part of the "
-                    "fingerprint."},
-    }, ["amount", "currency", "recipient"],
-        ["amount", "currency", "recipient", "purpose", "payment_method"],
-        {"amount": 10000, "currency": "RUB", "recipient": "acc-1",
-         "purpose": "order 17", "payment_method": "tok_visa"}),
-    "Payment": obj({
-        "payment_id": count("The payment.", 1),
-        "charge_id": {"type": "string", "description": "The provider's "
-                      "charge."},
-        "status": {"const": "succeeded"},
-        "amount": count("Minor units.", 1),
-        "currency": f_currency(),
-    }),
-    "PaymentRefund": obj({
-        "refund_id": count("The refund.", 1),
-        "amount": count("Minor units.", 1),
-        "status": {"enum": ["pending", "succeeded", "rejected"]},
-    }),
-    "PaymentWithRefunds": obj({
-        "payment_id": count("The payment.", 1),
-        "charge_id": {"type": "string"},
-        "status": {"const": "succeeded"},
-        "amount": count("Minor units.", 1),
-        "currency": f_currency(),
-        "refunded": count("The sum of its succeeded refunds."),
-        "refunds": {"type": "array", "items": ref("PaymentRefund"),
-                    "description": "Every refund, whatever its status."},
-    }),
-    "RefundRequest": body({
-        "payment_id": f_positive("A succeeded payment of the client."),
-        "amount": f_amount("What to refund."),
-        "reason": f_text("Why."),
-    }, ["payment_id", "amount"], ["payment_id", "amount", "reason"],
-        {"payment_id": 17, "amount": 4000, "reason": "damaged"}),
-    "Refund": obj({
-        "refund_id": count("The refund.", 1),
-        "payment_id": count("The payment.", 1),
-        "provider_refund_id": {"type": "string"},
-        "amount": count("Minor units.", 1),
-        "status": {"const": "succeeded"},
-    }),
     "Health": obj({
         "status": {"const": "ok"},
         "database": {"const": "up"},
@@ -370,14 +246,6 @@ def problems(*groups):
     return out
 
 
-AUTHED = [(["unauthorized"],),
-          (["internal-error"],),
-          (["database-unavailable", "database-misconfigured"], (), True)]
-WRITE = [(["idempotency-key-missing", "idempotency-key-malformed",
-           "invalid-json", "invalid-request"],),
-         (["unsupported-media-type"],),
-         (["idempotency-key-reused"],)]
-
 KEY_PARAM = {"$ref": "#/components/parameters/IdempotencyKey"}
 
 
@@ -417,92 +285,343 @@ def read_op(summary, desc, params, ok, resp, extra=()):
             "responses": dict(sorted(responses.items()))}
 
 
-LEASE = [(["card-declined"], ["card-declined"]),
-         (["request-in-progress"], (), True),
+# --- the operations, from their C tables and their SQL -----------------------
+#
+# routes.c names each route's operation; the operation's table, in a file of
+# src/operations/, gives its fields, the members of its answer, its summary
+# and description, its strategy and what the strategy needs (the lease
+# call, the read). The SQL it registers (idem_operation() in sql/) gives the
+# problems it answers: every idem_problem('<type>', ...) in its functions
+# and in the functions they call.
+
+C_TOKEN = re.compile(r'\s*(?:("(?:[^"\\]|\\.)*")|([A-Za-z_][\w.]*)|'
+                     r'(-?\d+)|(\.\w+\s*=)|([{},&()]))')
+
+
+def c_tokens(text):
+    """An initializer's tokens: strings (adjacent ones joined), names,
+    numbers, designators (".name="), punctuation."""
+    out, pos = [], 0
+    while True:
+        m = C_TOKEN.match(text, pos)
+        if not m or m.end() == pos:
+            break
+        pos = m.end()
+        st, name, num, desig, punct = m.groups()
+        if st is not None:
+            st = json.loads(st)
+            if out and out[-1][0] == "str":
+                out[-1] = ("str", out[-1][1] + st)
+            else:
+                out.append(("str", st))
+        elif name is not None:
+            out.append(("name", name))
+        elif num is not None:
+            out.append(("num", int(num)))
+        elif desig is not None:
+            out.append(("desig", desig[1:].split("=")[0].strip()))
+        else:
+            out.append(("p", punct))
+    if text[pos:].strip():
+        sys.exit(f"openapi.py: cannot read the C initializer at "
+                 f"{text[pos:pos + 60]!r}")
+    return out
+
+
+def c_value(toks, i):
+    """The value at toks[i]: a scalar, or a {...} as a list of (designator
+    or None, value); and the index after it."""
+    kind, v = toks[i]
+    if kind == "p" and v == "{":
+        items, i = [], i + 1
+        while toks[i] != ("p", "}"):
+            desig = None
+            if toks[i][0] == "desig":
+                desig, i = toks[i][1], i + 1
+            val, i = c_value(toks, i)
+            items.append((desig, val))
+            if toks[i] == ("p", ","):
+                i += 1
+        return items, i + 1
+    if kind == "p" and v == "&":
+        return c_value(toks, i + 1)
+    if kind == "name" and i + 1 < len(toks) and toks[i + 1] == ("p", "("):
+        # A macro: IDEM_FIELDS(t) sets .fields to t.
+        args, i = [], i + 2
+        while toks[i] != ("p", ")"):
+            a, i = c_value(toks, i)
+            args.append(a)
+            if toks[i] == ("p", ","):
+                i += 1
+        return ("macro", v, args), i + 1
+    return v, i + 1
+
+
+def c_definitions():
+    """Every table defined in src/operations/ (and the demos' file): its
+    name -> its initializer, read as c_value does."""
+    defs = {}
+    for d in ("src/operations",):
+        for f in sorted(os.listdir(os.path.join(ROOT, d))):
+            if not f.endswith(".c"):
+                continue
+            text = re.sub(r"/\*.*?\*/", "", read(os.path.join(d, f)),
+                          flags=re.S)
+            text = re.sub(r"^#.*$", "", text, flags=re.M)
+            for m in re.finditer(r"^(?:static\s+)?const\s+struct\s+\w+\s+"
+                                 r"(\w+)(?:\[\w*\])?\s*=\s*(\{.*?\n\});",
+                                 text, re.M | re.S):
+                toks = c_tokens(m.group(2))
+                defs[m.group(1)] = c_value(toks, 0)[0]
+    return defs
+
+
+def c_struct(items):
+    """A designated initializer as a dict."""
+    out = {}
+    for desig, val in items:
+        if isinstance(val, tuple) and val[0] == "macro" and \
+                val[1] == "IDEM_FIELDS":
+            out["fields"] = val[2][0]
+        elif desig:
+            out[desig] = val
+    return out
+
+
+FIELD_MEMBERS = ("name", "kind", "required", "fingerprint", "doc", "values",
+                 "items")
+
+
+def c_rows(defs, table):
+    """A field table's rows as dicts, up to its { NULL } if it has one."""
+    rows = []
+    for _, row in defs[table]:
+        r = dict(zip(FIELD_MEMBERS, [None] * len(FIELD_MEMBERS)))
+        pos = 0
+        for desig, val in row:
+            if desig:
+                r[desig] = val
+            else:
+                r[FIELD_MEMBERS[pos]] = val
+                pos += 1
+        if r["name"] in (None, "NULL"):
+            break
+        rows.append(r)
+    return rows
+
+
+def c_routes():
+    """routes.c's table, demo routes aside: (method, path, label, op)."""
+    text = read("src/operations/routes.c")
+    text = re.sub(r"#if defined\(DEV_ROUTES\).*?#endif", "", text, flags=re.S)
+    return re.findall(r'\{\s*HTTP_METHOD_(\w+),\s*"([^"]*)",\s*'
+                      r'"([A-Z]+ [^"]+)",\s*&(\w+)\s*\}', text)
+
+
+def route_labels():
+    """The labels of routes.c ("POST /v1/orders"), demo routes aside."""
+    return [label for _, _, label, _ in c_routes()]
+
+
+def problem_enums():
+    """PROBLEM_X -> its type, from problem.c."""
+    text = read("src/core/problem.c")
+    return dict(re.findall(r'\[(PROBLEM_\w+)\]\s*=\s*\{\s*\d+,\s*"([a-z-]+)"',
+                           text))
+
+
+def sql_functions():
+    """Every function the migrations define: name -> its body (the last
+    definition); and the operations they register: name -> (strategy,
+    [functions])."""
+    funcs, ops = {}, {}
+    for f in sorted(os.listdir(os.path.join(ROOT, "sql"))):
+        if not f.endswith(".sql"):
+            continue
+        text = read(os.path.join("sql", f))
+        for m in re.finditer(r"create\s+or\s+replace\s+function\s+(\w+)\s*\("
+                             r".*?\bas\s+(\$\w*\$)(.*?)\2", text,
+                             re.S | re.I):
+            funcs[m.group(1)] = m.group(3)
+        for m in re.finditer(r"idem_operation\(\s*'([^']+)',\s*'(\w+)',\s*"
+                             r"'(\w+)'(?:,\s*'(\w+)')?\s*\)", text):
+            ops[m.group(1)] = (m.group(2), [x for x in m.group(3, 4) if x])
+    return funcs, ops
+
+
+SQL_FUNCS, SQL_OPS = sql_functions()
+
+
+def sql_problems(func, seen=None):
+    """The problem types func answers, itself or through the functions it
+    calls."""
+    seen = set() if seen is None else seen
+    if func in seen or func not in SQL_FUNCS:
+        return []
+    seen.add(func)
+    body = SQL_FUNCS[func]
+    found = re.findall(r"idem_problem\(\s*'([a-z-]+)'", body)
+    for called in re.findall(r"\b(\w+)\s*\(", body):
+        if called != func:
+            found += sql_problems(called, seen)
+    return [s for i, s in enumerate(found) if s not in found[:i]]
+
+
+KINDS = {"FIELD_AMOUNT": "amount", "FIELD_POINTS": "points",
+         "FIELD_CURRENCY": "currency", "FIELD_ID": "id", "FIELD_TEXT": "text",
+         "FIELD_REF": "ref", "FIELD_POINTS_POSITIVE": "positive",
+         "FIELD_TOKEN": "token", "FIELD_COUNT": "count",
+         "FIELD_STRING": "string", "FIELD_TIME": "time", "FIELD_LIST": "list"}
+
+
+def field_schema(f):
+    """A body field's schema, as idem_field_check() checks its kind."""
+    kind, desc = KINDS[f["kind"]], f["doc"]
+    s = {"amount": f_amount, "points": f_points, "id": f_id, "text": f_text,
+         "ref": f_positive, "positive": f_positive, "token": f_token,
+         "currency": lambda d: dict(f_currency(), description=d + " " +
+                                    f_currency()["description"])}[kind](desc)
+    s["x-idem-kind"] = kind
+    return s
+
+
+EXAMPLE = {"amount": 10000, "points": 500, "currency": "RUB", "text": "gift",
+           "ref": 17, "positive": 300, "token": "tok_visa"}
+
+
+def request_schema(fields):
+    example, n = {}, 0
+    for f in fields:
+        if KINDS[f["kind"]] == "id":
+            n += 1
+            example[f["name"]] = f"c-{n}"
+        else:
+            example[f["name"]] = EXAMPLE[KINDS[f["kind"]]]
+    return body({f["name"]: field_schema(f) for f in fields},
+                [f["name"] for f in fields if f["required"]],
+                [f["name"] for f in fields if f["fingerprint"]], example)
+
+
+def answer_schema(defs, table, schemas):
+    """An answer's schema from its table; its lists' rows get schemas of
+    their own, named after their tables."""
+    props = {}
+    for f in c_rows(defs, table):
+        kind, desc = KINDS[f["kind"]], f["doc"]
+        if kind == "list":
+            name = camel(f["items"])
+            schemas[name] = answer_schema(defs, f["items"], schemas)
+            s = {"type": "array", "items": ref(name), "description": desc}
+        elif kind in ("ref", "amount", "positive"):
+            s = count(desc, 1)
+        elif kind == "count":
+            s = count(desc)
+        elif kind == "points":
+            s = {"type": "integer", "minimum": -MAX, "maximum": MAX,
+                 "description": desc}
+        elif kind == "currency":
+            s = dict(f_currency(), description=desc)
+        elif kind == "id":
+            s = {"type": "string", "minLength": 1, "maxLength": 128,
+                 "description": desc}
+        elif kind == "time":
+            s = {"type": "string", "description": desc + " PostgreSQL's "
+                 "timestamptz in JSON."}
+        else:
+            s = {"type": "string", "description": desc}
+        values = f["values"].split("|") if f["values"] else None
+        if values:
+            s = ({"const": values[0]} if len(values) == 1
+                 else {"enum": values}) | {"description": desc}
+        if not f["required"]:
+            s["type"] = [s.get("type", "string"), "null"]
+        props[f["name"]] = s
+    return obj(props)
+
+
+def camel(symbol):
+    return "".join(w.capitalize() for w in
+                   re.sub(r"_operation$", "", symbol).split("_"))
+
+
+# Every write may answer these (idem.c, the key, the body, the database);
+# the lease strategy adds its own (lease.c), the provider's among them.
+AUTHED = [(["unauthorized"],),
+          (["internal-error"],),
+          (["database-unavailable", "database-misconfigured"], (), True)]
+WRITE = [(["idempotency-key-missing", "idempotency-key-malformed",
+           "invalid-json", "invalid-request"],),
+         (["unsupported-media-type"],),
+         (["idempotency-key-reused"],)]
+LEASE = [(["request-in-progress"], (), True),
          (["idempotency-key-expired"],),
          (["provider-unavailable"],),
          (["provider-rate-limited"], (), True),
          (["provider-timeout"],)]
 
-OPERATIONS = {
-    "POST /v1/orders": write_op(
-        "Create an order and accrue its bonus points",
-        "Transactional: the key, the order and the accrual of "
-        "floor(amount / 100) points commit together. A concurrent "
-        "duplicate waits for the first and is answered its response as a "
-        "replay; no 409 on this route.",
-        "OrderRequest", "The order.", "Order",
-        [(["balance-limit-exceeded", "idempotency-key-reused"],
-          ["balance-limit-exceeded"])]),
-    "GET /v1/orders": read_op(
-        "List a customer's orders",
-        "The calling client's latest 100 orders of the customer.",
-        [{"name": "customer_id", "in": "query", "required": True,
-          "schema": f_id("The customer.")}],
-        "The orders.", "OrderList",
-        [(["invalid-request"],)]),
-    "POST /v1/bonuses": write_op(
-        "Accrue or redeem bonus points",
-        "Transactional: a ledger row and the new balance. A balance that "
-        "would go below zero or past 2^53-1 is a saved 422.",
-        "BonusRequest", "The ledger entry.", "BonusEntry",
-        [(["insufficient-balance", "balance-limit-exceeded",
-           "idempotency-key-reused"],
-          ["insufficient-balance", "balance-limit-exceeded"])]),
-    "GET /v1/bonuses/{customer_id}": read_op(
-        "A customer's bonus balance",
-        "The calling client's ledger only; 0 for an unknown customer.",
-        [{"name": "customer_id", "in": "path", "required": True,
-          "description": "Percent-encoded (%XX; + is a plus).",
-          "schema": f_id("The customer.")}],
-        "The balance.", "Balance",
-        [(["invalid-request"],)]),
-    "POST /v1/bonuses/transfers": write_op(
-        "Move points from one customer to another",
-        "Transactional: two ledger rows and both balances in one "
-        "transaction; transfers in opposite directions never deadlock.",
-        "TransferRequest", "The transfer.", "Transfer",
-        [(["insufficient-balance", "balance-limit-exceeded",
-           "idempotency-key-reused"],
-          ["insufficient-balance", "balance-limit-exceeded"])]),
-    "POST /v1/payments": write_op(
-        "Charge through the payment provider",
-        "Lease strategy: the key is taken with a lease before the provider "
-        "is called with Idempotency-Key `<client_id>:<key>`. A duplicate "
-        "while the lease holds is a 409 with Retry-After; a provider "
-        "failure (502, 504) is not saved and the lease is released, so "
-        "that a retry with the same key goes on; a decline (402) or a "
-        "refusal (422 payment-rejected) is saved and replayed.",
-        "PaymentRequest", "The payment.", "Payment",
-        LEASE + [(["payment-rejected", "idempotency-key-reused"],
-                  ["payment-rejected"])]),
-    "GET /v1/payments/{payment_id}": read_op(
-        "A payment and its refunds",
-        "Only the calling client's payments.",
-        [{"name": "payment_id", "in": "path", "required": True,
-          "schema": f_positive("The payment.")}],
-        "The payment.", "PaymentWithRefunds",
-        [(["invalid-request"],), (["payment-not-found"],)]),
-    "POST /v1/refunds": write_op(
-        "Refund (part of) a payment",
-        "Lease strategy, as payments. The amount is held when the key is "
-        "taken: a refund past what is left is a 422 "
-        "refund-exceeds-payment, one that fits only if refunds in flight "
-        "fail a 409 refund-in-progress with Retry-After; neither takes "
-        "the key, nor does an unknown payment (404).",
-        "RefundRequest", "The refund.", "Refund",
-        [(["payment-not-found"],),
-         (["request-in-progress", "refund-in-progress"], (), True),
-         (["idempotency-key-expired"],),
-         (["provider-unavailable"],),
-         (["provider-rate-limited"], (), True),
-         (["provider-timeout"],),
-         (["refund-exceeds-payment", "refund-rejected",
-           "idempotency-key-reused"], ["refund-rejected"])]),
-}
+
+def retry_after(slug):
+    """A 409 or a 503 tells when to come back (Retry-After)."""
+    return PROBLEMS[slug][0] in (409, 503)
+
+
+def operations():
+    defs = c_definitions()
+    enums = problem_enums()
+    out = {}
+    for method, path, label, symbol in c_routes():
+        if symbol not in defs:
+            sys.exit(f"openapi.py: {label}: no table {symbol} in "
+                     "src/operations/")
+        op = c_struct(defs[symbol])
+        for member in ("summary", "doc", "answer"):
+            if not op.get(member):
+                sys.exit(f"openapi.py: {symbol} has no .{member} (its "
+                         "document needs it)")
+        name = camel(symbol)
+        SCHEMAS[name] = answer_schema(defs, op["answer"], SCHEMAS)
+        if method == "GET":
+            rd = c_struct(defs[op["read"]])
+            # A pattern's argument is named by the label's {name}.
+            in_path = re.search(r"\{(\w+)\}", label)
+            pname = in_path.group(1) if in_path else rd["arg"]
+            ref_arg = rd["parse"] == "idem_path_ref"
+            schema = (f_positive if ref_arg else f_id)("")
+            schema["description"] = schema["description"].strip()
+            p = {"name": pname, "in": "path" if in_path else "query",
+                 "required": True, "schema": schema,
+                 "description": rd["rule"][0].upper() + rd["rule"][1:] + "."}
+            extra = [(["invalid-request"],)]
+            if rd["not_found"] != "PROBLEM_NOT_FOUND":
+                extra.append(([enums[rd["not_found"]]],))
+            out[label] = read_op(op["summary"], op["doc"], [p], "The answer.",
+                                 name, extra)
+            continue
+        fields = c_rows(defs, op["fields"])
+        SCHEMAS[name + "Request"] = request_schema(fields)
+        strategy, funcs = SQL_OPS.get(op["name"], (None, []))
+        if not funcs:
+            sys.exit(f"openapi.py: {label}: no migration of sql/ registers "
+                     f"{op['name']} (idem_operation())")
+        extra = []
+        if strategy == "lease":
+            call = c_struct(defs[op["call"]])
+            saved = [enums[call[k]] for k in ("declined", "rejected")]
+            saved = [s for i, s in enumerate(saved) if s not in saved[:i]]
+            extra += LEASE
+            admit = sql_problems(funcs[1]) if len(funcs) > 1 else []
+            extra += [([s], (), retry_after(s)) for s in admit]
+        else:
+            saved = sql_problems(funcs[0])
+        extra += [([s], [s]) for s in saved]
+        out[label] = write_op(op["summary"], op["doc"], name + "Request",
+                              "The answer (saved: a retry replays it).",
+                              name, extra)
+    return out
 
 NO_AUTH = [{}]
 
+OPERATIONS = operations()
 OPERATIONS.update({
     "GET /healthz": {
         "summary": "Whether the database answers",
@@ -575,8 +694,9 @@ def document():
             "and body gets the first outcome (Idempotent-Replayed: true), "
             "another body with it a 422. The contract in prose: "
             "docs/API.md. This document is generated by "
-            "scripts/openapi.py from the route table and the problem "
-            "table; edit the script, not the JSON.",
+            "scripts/openapi.py from the route table, the operations' "
+            "tables (src/operations/), the SQL they register (sql/) and "
+            "the problem table; edit those, not the JSON.",
         },
         "servers": [{"url": "http://127.0.0.1:8888",
                      "description": "make run"}],

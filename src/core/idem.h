@@ -32,12 +32,33 @@
 #define FIELD_POINTS_POSITIVE	7
 #define FIELD_TOKEN		8	/* 1 to 255 visible ASCII */
 
+/* What an answer's member holds, beside the kinds above (its document). */
+#define FIELD_COUNT		9	/* an integer, 0 to 2^53-1 */
+#define FIELD_STRING		10	/* any string */
+#define FIELD_TIME		11	/* a timestamptz as JSON shows it */
+#define FIELD_LIST		12	/* an array of the rows of .items */
+
+/*
+ * A member of a request's body (the operation's fields: checked by kind,
+ * in the fingerprint or not) or of its answer (docs/openapi.json only,
+ * which scripts/openapi.py writes from these tables; every test checks
+ * the answers it gets against it). doc says what it is, in one sentence.
+ *
+ * In an answer, required 0 means the member may be null; values, if set,
+ * lists what a string may be ("pending|succeeded"), and items is the table
+ * of a FIELD_LIST's rows.
+ */
 struct idem_field {
-	const char	*name;
-	int		kind;
-	int		required;
-	int		fingerprint;
+	const char		*name;
+	int			kind;
+	int			required;
+	int			fingerprint;
+	const char		*doc;
+	const char		*values;
+	const struct idem_field	*items;
 };
+
+#define IDEM_FIELDS(t)		.fields = (t), .nfields = sizeof(t) / sizeof((t)[0])
 
 /*
  * The first states of every route's table (http_state_run): authenticate,
@@ -56,6 +77,7 @@ struct idem_read;
 /*
  * An operation is a table: its name (the key rows' operation, and the
  * name its SQL registers), the fields of its body (which fingerprint it),
+ * the members of its answer, a summary and a paragraph for its document,
  * the strategy that runs it, and what that strategy needs of it: nothing
  * more for the transactional strategy (the SQL knows the operation's
  * function by name), the provider call for the lease strategy, the query
@@ -70,6 +92,9 @@ struct idem_operation {
 	const char		*name;
 	const struct idem_field	*fields;
 	size_t			nfields;
+	const struct idem_field	*answer;
+	const char		*summary;
+	const char		*doc;
 	int			(*check)(struct json_value *, char *, size_t);
 	int			(*strategy)(struct http_request *);
 	const struct lease_call	*call;

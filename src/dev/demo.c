@@ -59,16 +59,14 @@ static const struct lease_call	fresh_key_call = {
 
 const struct idem_operation	demo_naive_operation = {
 	.name = "demo.naive",
-	.fields = payment_fields,
-	.nfields = PAYMENT_NFIELDS,
+	IDEM_FIELDS(payment_fields),
 	.strategy = naive_run,
 };
 
 /* Registered as a lease operation by dev/003_demo.sql, never recovered. */
 const struct idem_operation	demo_fresh_key_operation = {
 	.name = "demo.fresh-provider-key",
-	.fields = payment_fields,
-	.nfields = PAYMENT_NFIELDS,
+	IDEM_FIELDS(payment_fields),
 	.strategy = lease_run,
 	.call = &fresh_key_call,
 };

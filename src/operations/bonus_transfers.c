@@ -16,16 +16,31 @@
 static int	transfer_check(struct json_value *, char *, size_t);
 
 static const struct idem_field	transfer_fields[] = {
-	{ "from_customer_id",	FIELD_ID,		1, 1 },
-	{ "to_customer_id",	FIELD_ID,		1, 1 },
-	{ "points",		FIELD_POINTS_POSITIVE,	1, 1 },
-	{ "reason",		FIELD_TEXT,		1, 1 },
+	{ "from_customer_id",	FIELD_ID,		1, 1, "Who gives." },
+	{ "to_customer_id",	FIELD_ID,		1, 1,
+	    "Who receives; differs from from_customer_id." },
+	{ "points",		FIELD_POINTS_POSITIVE,	1, 1, "Points moved." },
+	{ "reason",		FIELD_TEXT,		1, 1, "Why." },
+};
+
+static const struct idem_field	transfer_answer[] = {
+	{ "transfer_id",	FIELD_REF,	1, 0, "The transfer." },
+	{ "from_customer_id",	FIELD_ID,	1, 0, "Who gave." },
+	{ "to_customer_id",	FIELD_ID,	1, 0, "Who received." },
+	{ "points",		FIELD_POINTS_POSITIVE, 1, 0, "Points moved." },
+	{ "from_balance",	FIELD_COUNT,	1, 0, "The giver's new balance." },
+	{ "to_balance",		FIELD_COUNT,	1, 0,
+	    "The receiver's new balance." },
+	{ NULL },
 };
 
 const struct idem_operation	bonus_transfer_operation = {
 	.name = "bonuses.transfer",
-	.fields = transfer_fields,
-	.nfields = sizeof(transfer_fields) / sizeof(transfer_fields[0]),
+	.summary = "Move points from one customer to another",
+	.doc = "Transactional: two ledger rows and both balances in one "
+	    "transaction; transfers in opposite directions never deadlock.",
+	IDEM_FIELDS(transfer_fields),
+	.answer = transfer_answer,
 	.check = transfer_check,
 	.strategy = transactional_run,
 };

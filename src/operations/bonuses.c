@@ -12,16 +12,35 @@
 #include "transactional.h"
 
 static const struct idem_field	bonus_fields[] = {
-	{ "customer_id",	FIELD_ID,	1, 1 },
-	{ "points",		FIELD_POINTS,	1, 1 },
-	{ "reason",		FIELD_TEXT,	1, 1 },
+	{ "customer_id",	FIELD_ID,	1, 1, "The customer." },
+	{ "points",		FIELD_POINTS,	1, 1,
+	    "Points to accrue (> 0) or redeem (< 0)." },
+	{ "reason",		FIELD_TEXT,	1, 1, "Why." },
+};
+
+static const struct idem_field	bonus_answer[] = {
+	{ "entry_id",		FIELD_REF,	1, 0, "The ledger row." },
+	{ "customer_id",	FIELD_ID,	1, 0, "The customer." },
+	{ "points",		FIELD_POINTS,	1, 0, "Points moved." },
+	{ "balance",		FIELD_COUNT,	1, 0, "The new balance." },
+	{ NULL },
 };
 
 const struct idem_operation	bonus_apply_operation = {
 	.name = "bonuses.apply",
-	.fields = bonus_fields,
-	.nfields = sizeof(bonus_fields) / sizeof(bonus_fields[0]),
+	.summary = "Accrue or redeem bonus points",
+	.doc = "Transactional: a ledger row and the new balance. A balance "
+	    "that would go below zero or past 2^53-1 is a saved 422.",
+	IDEM_FIELDS(bonus_fields),
+	.answer = bonus_answer,
 	.strategy = transactional_run,
+};
+
+static const struct idem_field	balance_answer[] = {
+	{ "customer_id",	FIELD_ID,	1, 0, "The customer." },
+	{ "balance",		FIELD_COUNT,	1, 0,
+	    "0 for an unknown customer." },
+	{ NULL },
 };
 
 static const struct idem_read	bonus_balance_read = {
@@ -34,6 +53,9 @@ static const struct idem_read	bonus_balance_read = {
 };
 
 const struct idem_operation	bonus_balance_operation = {
+	.summary = "A customer's bonus balance",
+	.doc = "The calling client's ledger only; 0 for an unknown customer.",
+	.answer = balance_answer,
 	.strategy = idem_read_run,
 	.read = &bonus_balance_read,
 };

@@ -1,6 +1,6 @@
 /*
- * The operations of the API, each a table (see idem.h), and the handler
- * every route goes through.
+ * The handler every route goes through; the operations themselves are
+ * declared where they are routed (routes.c).
  */
 
 #ifndef __H_OPERATIONS_H
@@ -10,20 +10,6 @@
 #include <kore/http.h>
 
 #include "idem.h"
-
-extern const struct idem_operation	order_create_operation;
-extern const struct idem_operation	order_list_operation;
-extern const struct idem_operation	bonus_apply_operation;
-extern const struct idem_operation	bonus_balance_operation;
-extern const struct idem_operation	bonus_transfer_operation;
-extern const struct idem_operation	payment_create_operation;
-extern const struct idem_operation	payment_read_operation;
-extern const struct idem_operation	refund_create_operation;
-
-#if defined(DEV_ROUTES)
-extern const struct idem_operation	demo_naive_operation;
-extern const struct idem_operation	demo_fresh_key_operation;
-#endif
 
 /* The payment's fields, shared with the demos. */
 #define PAYMENT_NFIELDS		5

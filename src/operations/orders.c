@@ -14,17 +14,49 @@
 static int	customer_query(struct http_request *, char *, size_t);
 
 static const struct idem_field	order_fields[] = {
-	{ "customer_id",	FIELD_ID,	1, 1 },
-	{ "amount",		FIELD_AMOUNT,	1, 1 },
-	{ "currency",		FIELD_CURRENCY,	1, 1 },
-	{ "comment",		FIELD_TEXT,	0, 1 },
+	{ "customer_id",	FIELD_ID,	1, 1, "The customer." },
+	{ "amount",		FIELD_AMOUNT,	1, 1, "The order's amount." },
+	{ "currency",		FIELD_CURRENCY,	1, 1, "Its currency." },
+	{ "comment",		FIELD_TEXT,	0, 1, "Free text." },
+};
+
+static const struct idem_field	order_answer[] = {
+	{ "order_id",		FIELD_REF,	1, 0, "The order." },
+	{ "customer_id",	FIELD_ID,	1, 0, "The customer." },
+	{ "amount",		FIELD_AMOUNT,	1, 0, "Minor units." },
+	{ "currency",		FIELD_CURRENCY,	1, 0, "Its currency." },
+	{ "bonus_points",	FIELD_COUNT,	1, 0,
+	    "Points accrued: floor(amount / 100)." },
+	{ NULL },
 };
 
 const struct idem_operation	order_create_operation = {
 	.name = "orders.create",
-	.fields = order_fields,
-	.nfields = sizeof(order_fields) / sizeof(order_fields[0]),
+	.summary = "Create an order and accrue its bonus points",
+	.doc = "Transactional: the key, the order and the accrual of "
+	    "floor(amount / 100) points commit together. A concurrent "
+	    "duplicate waits for the first and is answered its response as a "
+	    "replay; no 409 on this route.",
+	IDEM_FIELDS(order_fields),
+	.answer = order_answer,
 	.strategy = transactional_run,
+};
+
+static const struct idem_field	order_item[] = {
+	{ "order_id",		FIELD_REF,	1, 0, "The order." },
+	{ "customer_id",	FIELD_ID,	1, 0, "The customer." },
+	{ "amount",		FIELD_AMOUNT,	1, 0, "Minor units." },
+	{ "currency",		FIELD_CURRENCY,	1, 0, "Its currency." },
+	{ "comment",		FIELD_TEXT,	0, 0, "Free text, or null." },
+	{ "bonus_points",	FIELD_COUNT,	1, 0, "Points accrued." },
+	{ "created_at",		FIELD_TIME,	1, 0, "When it was created." },
+	{ NULL },
+};
+
+static const struct idem_field	order_list_answer[] = {
+	{ "orders", FIELD_LIST, 1, 0, "The client's latest 100 orders of the "
+	    "customer, oldest first.", .items = order_item },
+	{ NULL },
 };
 
 static const struct idem_read	order_list_read = {
@@ -37,6 +69,9 @@ static const struct idem_read	order_list_read = {
 };
 
 const struct idem_operation	order_list_operation = {
+	.summary = "List a customer's orders",
+	.doc = "The calling client's latest 100 orders of the customer.",
+	.answer = order_list_answer,
 	.strategy = idem_read_run,
 	.read = &order_list_read,
 };

@@ -16,11 +16,47 @@
 static int	payment_check(struct json_value *, char *, size_t);
 
 const struct idem_field	payment_fields[PAYMENT_NFIELDS] = {
-	{ "amount",	FIELD_AMOUNT,	1, 1 },
-	{ "currency",	FIELD_CURRENCY,	1, 1 },
-	{ "recipient",	FIELD_ID,	1, 1 },
-	{ "purpose",	FIELD_TEXT,	0, 1 },
-	{ "payment_method", FIELD_TOKEN, 0, 1 },
+	{ "amount",	FIELD_AMOUNT,	1, 1, "The charge." },
+	{ "currency",	FIELD_CURRENCY,	1, 1, "Its currency." },
+	{ "recipient",	FIELD_ID,	1, 1, "Who is paid (the fake provider's "
+	    "magic recipients: decline, fail, slow, reject)." },
+	{ "purpose",	FIELD_TEXT,	0, 1, "Free text." },
+	{ "payment_method", FIELD_TOKEN, 0, 1, "The provider's reference to "
+	    "the means of payment: Stripe's source, e.g. tok_visa. Required "
+	    "when the service runs with IDEM_PROVIDER_KIND=stripe (a 400 "
+	    "before the key is taken)." },
+};
+
+static const struct idem_field	payment_answer[] = {
+	{ "payment_id",	FIELD_REF,	1, 0, "The payment." },
+	{ "charge_id",	FIELD_STRING,	1, 0, "The provider's charge." },
+	{ "status",	FIELD_STRING,	1, 0, "Always succeeded.",
+	    .values = "succeeded" },
+	{ "amount",	FIELD_AMOUNT,	1, 0, "Minor units." },
+	{ "currency",	FIELD_CURRENCY,	1, 0, "Its currency." },
+	{ NULL },
+};
+
+static const struct idem_field	payment_refund[] = {
+	{ "refund_id",	FIELD_REF,	1, 0, "The refund." },
+	{ "amount",	FIELD_AMOUNT,	1, 0, "Minor units." },
+	{ "status",	FIELD_STRING,	1, 0, "Where it stands.",
+	    .values = "pending|succeeded|rejected" },
+	{ NULL },
+};
+
+static const struct idem_field	payment_read_answer[] = {
+	{ "payment_id",	FIELD_REF,	1, 0, "The payment." },
+	{ "charge_id",	FIELD_STRING,	1, 0, "The provider's charge." },
+	{ "status",	FIELD_STRING,	1, 0, "Always succeeded.",
+	    .values = "succeeded" },
+	{ "amount",	FIELD_AMOUNT,	1, 0, "Minor units." },
+	{ "currency",	FIELD_CURRENCY,	1, 0, "Its currency." },
+	{ "refunded",	FIELD_COUNT,	1, 0,
+	    "The sum of its succeeded refunds." },
+	{ "refunds",	FIELD_LIST,	1, 0, "Every refund, whatever its "
+	    "status.", .items = payment_refund },
+	{ NULL },
 };
 
 /* What the provider is sent is its table's (src/lease/provider.c). */
@@ -32,8 +68,15 @@ static const struct lease_call	charge_call = {
 
 const struct idem_operation	payment_create_operation = {
 	.name = "payments.create",
-	.fields = payment_fields,
-	.nfields = PAYMENT_NFIELDS,
+	.summary = "Charge through the payment provider",
+	.doc = "Lease strategy: the key is taken with a lease before the "
+	    "provider is called with Idempotency-Key `<client_id>:<key>`. A "
+	    "duplicate while the lease holds is a 409 with Retry-After; a "
+	    "provider failure (502, 504) is not saved and the lease is "
+	    "released, so that a retry with the same key goes on; a decline "
+	    "(402) or a refusal (422 payment-rejected) is saved and replayed.",
+	IDEM_FIELDS(payment_fields),
+	.answer = payment_answer,
 	.check = payment_check,
 	.strategy = lease_run,
 	.call = &charge_call,
@@ -48,6 +91,9 @@ static const struct idem_read	payment_read = {
 };
 
 const struct idem_operation	payment_read_operation = {
+	.summary = "A payment and its refunds",
+	.doc = "Only the calling client's payments.",
+	.answer = payment_read_answer,
 	.strategy = idem_read_run,
 	.read = &payment_read,
 };

@@ -20,9 +20,20 @@
 #include "problem.h"
 
 static const struct idem_field	refund_fields[] = {
-	{ "payment_id",	FIELD_REF,	1, 1 },
-	{ "amount",	FIELD_AMOUNT,	1, 1 },
-	{ "reason",	FIELD_TEXT,	0, 1 },
+	{ "payment_id",	FIELD_REF,	1, 1,
+	    "A succeeded payment of the client." },
+	{ "amount",	FIELD_AMOUNT,	1, 1, "What to refund." },
+	{ "reason",	FIELD_TEXT,	0, 1, "Why." },
+};
+
+static const struct idem_field	refund_answer[] = {
+	{ "refund_id",	FIELD_REF,	1, 0, "The refund." },
+	{ "payment_id",	FIELD_REF,	1, 0, "The payment." },
+	{ "provider_refund_id", FIELD_STRING, 1, 0, "The provider's refund." },
+	{ "amount",	FIELD_AMOUNT,	1, 0, "Minor units." },
+	{ "status",	FIELD_STRING,	1, 0, "Always succeeded.",
+	    .values = "succeeded" },
+	{ NULL },
 };
 
 /* What the provider is sent is its table's (src/lease/provider.c). */
@@ -34,8 +45,14 @@ static const struct lease_call	refund_call = {
 
 const struct idem_operation	refund_create_operation = {
 	.name = "refunds.create",
-	.fields = refund_fields,
-	.nfields = sizeof(refund_fields) / sizeof(refund_fields[0]),
+	.summary = "Refund (part of) a payment",
+	.doc = "Lease strategy, as payments. The amount is held when the key "
+	    "is taken: a refund past what is left is a 422 "
+	    "refund-exceeds-payment, one that fits only if refunds in flight "
+	    "fail a 409 refund-in-progress with Retry-After; neither takes "
+	    "the key, nor does an unknown payment (404).",
+	IDEM_FIELDS(refund_fields),
+	.answer = refund_answer,
 	.strategy = lease_run,
 	.call = &refund_call,
 };

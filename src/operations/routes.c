@@ -1,8 +1,8 @@
 /*
  * Every route of the API, in one place: method, Kore path, the label the
  * metrics give it, and the operation that serves it. The route's index is
- * its id. Adding an operation adds a line here, its file beside this one,
- * and its SQL.
+ * its id. Adding an operation adds its declaration and its route here, its
+ * file beside this one, its SQL and its test (docs/adding-an-operation.md).
  *
  * Kore routes every path of this table to api_dispatch(), which finds the
  * line of the path Kore matched and the request's method, and runs the
@@ -22,6 +22,20 @@
 #include "operations.h"
 #include "problem.h"
 #include "reload.h"
+
+extern const struct idem_operation	order_create_operation;
+extern const struct idem_operation	order_list_operation;
+extern const struct idem_operation	bonus_apply_operation;
+extern const struct idem_operation	bonus_balance_operation;
+extern const struct idem_operation	bonus_transfer_operation;
+extern const struct idem_operation	payment_create_operation;
+extern const struct idem_operation	payment_read_operation;
+extern const struct idem_operation	refund_create_operation;
+
+#if defined(DEV_ROUTES)
+extern const struct idem_operation	demo_naive_operation;
+extern const struct idem_operation	demo_fresh_key_operation;
+#endif
 
 const struct idem_route	idem_routes[] = {
 	{ HTTP_METHOD_POST, "/v1/orders", "POST /v1/orders",

@@ -32,7 +32,7 @@ import time
 import uuid
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "lib"))
-from harness import (Api, PsqlSession, Provider, Tap, key_row, new_key,  # noqa: E402
+from harness import (ROOT, Api, PsqlSession, Provider, Tap, key_row, new_key,  # noqa: E402
                      post, provider_calls, quote, wait_until)
 
 t = Tap()
@@ -233,37 +233,42 @@ def row(*args, **kw):
     rows.append(Row(*args, **kw))
 
 
-# The write routes, their fields (kind, required) and a good body.
-FIELDS = {
-    "/v1/orders": [("customer_id", "id", True), ("amount", "amount", True),
-                   ("currency", "currency", True), ("comment", "text", False)],
-    "/v1/bonuses": [("customer_id", "id", True), ("points", "points", True),
-                    ("reason", "text", True)],
-    "/v1/bonuses/transfers": [("from_customer_id", "id", True),
-                              ("to_customer_id", "id", True),
-                              ("points", "positive", True), ("reason", "text", True)],
-    "/v1/payments": [("amount", "amount", True), ("currency", "currency", True),
-                     ("recipient", "id", True), ("purpose", "text", False)],
-    "/v1/refunds": [("payment_id", "ref", True), ("amount", "amount", True),
-                    ("reason", "text", False)],
-}
+# The write routes and their fields (name, kind, required): every POST of
+# the document, which scripts/openapi.py writes from the route table and
+# the operations' field tables, so that a new route is in every section.
+with open(os.path.join(ROOT, "docs", "openapi.json")) as f:
+    DOC = json.load(f)
+FIELDS, EXAMPLES = {}, {}
+for route, item in DOC["paths"].items():
+    if "post" not in item:
+        continue
+    schema = DOC["components"]["schemas"][item["post"]["requestBody"][
+        "content"]["application/json"]["schema"]["$ref"].split("/")[-1]]
+    FIELDS[route] = [(name, prop["x-idem-kind"], name in schema["required"])
+                     for name, prop in schema["properties"].items()]
+    EXAMPLES[route] = schema["example"]
 
 
 def good(path):
-    """The members of a good body (JSON texts), fresh ids each time."""
-    return {
-        "/v1/orders": {"customer_id": json.dumps(fresh()), "amount": "150000",
-                       "currency": '"RUB"', "comment": '"gift"'},
-        "/v1/bonuses": {"customer_id": json.dumps(fresh()), "points": "10",
-                        "reason": '"gift"'},
+    """The members of a good body (JSON texts), fresh ids each time: the
+    document's example, with what the routes of this file need to be
+    served (a balance to move, a payment to refund)."""
+    members = {name: (json.dumps(fresh()) if kind == "id" else
+                      json.dumps(EXAMPLES[path][name]))
+               for name, kind, _ in FIELDS[path]}
+    members.update({
+        "/v1/orders": {"amount": "150000", "comment": '"gift"'},
+        "/v1/bonuses": {"points": "10"},
         "/v1/bonuses/transfers": {"from_customer_id": '"c-rich"',
-                                  "to_customer_id": json.dumps(fresh()),
-                                  "points": "1", "reason": '"gift"'},
-        "/v1/payments": {"amount": "1000", "currency": '"RUB"',
-                         "recipient": json.dumps(fresh("acc")), "purpose": '"p"'},
+                                  "points": "1"},
+        "/v1/payments": {"amount": "1000", "recipient": json.dumps(fresh("acc")),
+                         "purpose": '"p"'},
         "/v1/refunds": {"payment_id": str(paid["shop-1"]), "amount": "1",
                         "reason": '"r"'},
-    }[path]
+    }.get(path, {}))
+    # The fake provider needs no means of payment.
+    members.pop("payment_method", None)
+    return members
 
 
 def text(members):
@@ -310,6 +315,7 @@ def good_write(cat, name, path, body, **kw):
 
 
 WRITES = list(FIELDS)
+t.ok(len(WRITES) >= 5, f"the document has {len(WRITES)} write routes")
 
 # 1. The Idempotency-Key header, on every write route.
 for path in WRITES:
@@ -526,6 +532,11 @@ BAD = {
              ("1025 bytes, 1024 characters", json.dumps("t" * 1023 + "é", ensure_ascii=False)),
              ("a NUL", '"a\\u0000b"')],
 }
+BAD["token"] = [("null", "null"), ("true", "true"), ("0", "0"), ("an array", '["t"]'),
+                ("an object", "{}"), ("empty", '""'),
+                ("256 characters (the limit + 1)", json.dumps("t" * 256)),
+                ("a space", '"tok visa"'), ("a non-ASCII letter", '"tok\\u00e9"'),
+                ("a NUL", '"a\\u0000b"'), ("a DEL", '"a\\u007fb"')]
 BAD["amount"] = BAD["ref"] = BAD["positive"] = BAD["int"]
 for path, fields in FIELDS.items():
     cat = "fields: types and limits"
