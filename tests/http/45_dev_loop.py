@@ -23,7 +23,7 @@ import threading
 import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "lib"))
-from harness import (DB_URL, ROOT, TMP, Tap, alive, free_port, new_key,  # noqa: E402
+from harness import (DB_URL, ROOT, TMP, Tap, alive, free_port, get, new_key,  # noqa: E402
                      post, request, wait_until)
 
 t = Tap()
@@ -230,6 +230,30 @@ try:
     wait_until(lambda: title() == "No such resource again", "the fix to serve",
                timeout=90)
     t.eq(workers(), before, "the same workers after all three edits")
+
+    # A new line in the route table: Kore routes a path when it starts, so
+    # make run restarts the API by itself, and says so.
+    edit("src/operations/routes.c", "#if defined(DEV_ROUTES)\n\t{ HTTP_METHOD_POST",
+         '\t{ HTTP_METHOD_GET, "/v1/orders-again", "GET /v1/orders-again",\n'
+         "\t    &order_list_operation },\n#if defined(DEV_ROUTES)\n\t{ HTTP_METHOD_POST")
+    wait_until(lambda: "restarted: the API serves the new route table" in output(),
+               "the API to restart on the new route table", timeout=120)
+    wait_until(answers, "the restarted API to answer")
+    t.ok("the route table changed: restarting the API" in output(),
+         "a route table change restarts the API, and make run says so", output()[-1500:])
+    t.eq(get(port, "/v1/orders-again?customer_id=c-loop").status, 200,
+         "the new route is served")
+    t.ok(workers() != before, "by new workers")
+    t.eq(title(), "No such resource again", "with the code as last edited")
+
+    # A Ctrl-C during a build (below, in finally): the build is held in
+    # scripts/openapi.py, which the build runs first, until it is killed.
+    held = os.path.join(TMP, "devloop-build.pid")
+    edit("scripts/openapi.py", "def main():\n",
+         f"def main():\n    open({held!r}, 'w').write(str(os.getpid()))\n"
+         "    import time\n    time.sleep(600)\n")
+    wait_until(lambda: os.path.exists(held) and os.path.getsize(held) > 0,
+               "the build to be held")
 finally:
     # Ctrl-C, typed in make run's terminal.
     pids = []
@@ -244,8 +268,9 @@ finally:
         if alive(p):
             os.kill(p, signal.SIGKILL)
 
-t.ok(status == 0, "Ctrl-C stops make run with exit status 0",
+t.ok(status == 0, "Ctrl-C during a build stops make run with exit status 0",
      f"status {status}\n" + output()[-1500:])
+t.ok(not alive(int(open(held).read())), "and the build with it")
 t.ok("Interrupt" not in output() and "Error" not in output().split("stopped")[-1],
      "and make reports no interrupt or error", output()[-800:])
 time.sleep(0.5)
@@ -259,6 +284,9 @@ t.ok(not any(alive(p) for p in pids), "no worker is left behind")
 embedded = dict(env, IDEM_EMBEDDED_PGPORT=str(free_port()))
 del embedded["IDEM_DATABASE_URL"]
 pgdata = os.path.join(copy, ".pgdata")
+embedded_url = (f"host=127.0.0.1 port={embedded['IDEM_EMBEDDED_PGPORT']} dbname=idem "
+                "user=idem")
+slow = os.path.join(copy, "sql", "098_dev_loop_slow.sql")
 
 
 def children(pid):
@@ -305,18 +333,28 @@ for how in ("SIGTERM", "Ctrl-C twice"):
         if how == "SIGTERM":
             os.kill(run.proc.pid, signal.SIGTERM)
         else:
+            # During a migration, held in PostgreSQL until it is stopped.
+            with open(slow, "w") as f:
+                f.write("select pg_sleep(600);\n")
+            wait_until(lambda: subprocess.run(
+                ["psql", embedded_url, "-XAtc", "select count(*) from pg_stat_activity"
+                 " where query like 'select pg_sleep(600)%'"],
+                capture_output=True, text=True).stdout.strip() == "1",
+                "the migration to be held")
             run.ctrl_c()
             time.sleep(1)
             run.ctrl_c()
     finally:
         status = run.wait()
+        if os.path.exists(slow):
+            os.unlink(slow)
         left = [p for p in pids if alive(p)]
         for p in left:
             os.kill(p, signal.SIGKILL)
     if how == "SIGTERM":
         t.ok(status is not None, "SIGTERM to make: make run ends", output()[-1500:])
     else:
-        t.eq(status, 0, "two Ctrl-Cs: make run ends with exit status 0")
+        t.eq(status, 0, "two Ctrl-Cs during a migration: make run ends with exit status 0")
         t.ok("Interrupt" not in output(), "and make reports no interrupt", output()[-800:])
     t.ok("stopped" in output(), f"{how}: the stack says it stopped", output()[-1500:])
     t.ok(all(re.search(rf"^{who} +\| .*goodbye", output(), re.M)

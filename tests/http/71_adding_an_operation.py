@@ -115,6 +115,6 @@ t.ok(run.returncode == 0 and "Result: PASS" in out,
      "document's", out[-3000:])
 t.ok(re.search(r"^ok \d+ - a redemption is created", out, re.M),
      "the worked example's own test ran")
-rows = re.findall(rf"^ok \d+ - row \d+: [^:]+: {ROUTE}: ", out, re.M)
+rows = re.findall(rf"^ok \d+ - row \d+: .*?: {ROUTE}: ", out, re.M)
 t.ok(len(rows) >= 300, f"the catalogue sent the new route {len(rows)} bad inputs")
 t.done()
