@@ -1,7 +1,7 @@
 """make bench: the API under wrk next to the database's floor for the same
 work under pgbench, in one run on this machine, at the same concurrency,
 with the CPU each side spends per request (from /proc). Prints a Markdown
-table for the README and writes it to bench/results/latest.md.
+table for docs/benchmark.md and writes it to bench/results/latest.md.
 
 The floor of a fresh order is the same rows written in ONE statement
 (bench/order_floor.sql); of a replay, a single-row lookup
@@ -25,7 +25,7 @@ from harness import (DB_URL, TMP, Api, Provider, PsqlSession, concurrently,  # n
 
 SECONDS = int(os.environ.get("BENCH_SECONDS", "10"))
 # Every row measured this many times, one run after the other; the table
-# gives each figure's median and the spread of req/s (the README's
+# gives each figure's median and the spread of req/s (docs/benchmark.md's
 # figures come from BENCH_RUNS=3).
 RUNS = int(os.environ.get("BENCH_RUNS", "1"))
 WARMUP = int(os.environ.get("BENCH_WARMUP_SECONDS", "5"))
@@ -372,7 +372,7 @@ def target(ok, text):
 
 
 # The API's processes run ahead of PostgreSQL's backends for the CPU (see
-# Benchmark in the README): its event loop serves 32 clients alone, and at
+# docs/benchmark.md): its event loop serves 32 clients alone, and at
 # an equal share of 2 CPUs with 32 runnable backends it waits its turn.
 API_NICE = -10
 _api_nice = [0]

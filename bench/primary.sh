@@ -2,7 +2,7 @@
 # What one primary takes: each operation's SQL, as the API runs it for a
 # fresh key, under pgbench against IDEM_DATABASE_URL (with make cluster
 # running: its primary, whose commits wait for the synchronous standby).
-# Prints a Markdown table of writes per second. For the README's "Past
+# Prints a Markdown table of writes per second. For docs/production.md's "Past
 # one primary". Usage: IDEM_DATABASE_URL=... bench/primary.sh [seconds]
 # [clients]
 set -eu

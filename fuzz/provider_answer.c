@@ -291,7 +291,7 @@ kind_select(int kind, const char *name, u_int32_t keeps_5xx)
 }
 
 /*
- * The providers' rules (provider.c's comment, the README's tables), in
+ * The providers' rules (provider.c's comment, docs/operations.md's tables), in
  * their order: no answer; a 2xx with a valid id; the key conflict the
  * provider's error type names; this service's faults of configuration;
  * Stripe's card_error; then by status.

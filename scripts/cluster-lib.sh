@@ -182,7 +182,7 @@ autoctl_running() {
 }
 
 # The monitor: created on the first run. With IDEM_CLUSTER_FAST_FAILOVER=1
-# (the tests), the health checks and timeouts measured here (see the README) that
+# (the tests), the health checks and timeouts measured here (see docs/production.md) that
 # bring an unplanned failover from ~50 s to ~9 s.
 monitor_start() {
 	local d=$CLUSTER_DIR/monitor

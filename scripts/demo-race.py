@@ -100,7 +100,7 @@ def quote(s):
 
 
 def ledger_by_derived_key(key):
-    """The README's query: GET /v1/charges?idempotency_key=shop-1:<key>."""
+    """The tour's query (README): GET /v1/charges?idempotency_key=shop-1:<key>."""
     conn = http.client.HTTPConnection("127.0.0.1", PROVIDER_PORT, timeout=10)
     try:
         conn.request("GET", "/v1/charges?idempotency_key=" +

@@ -270,7 +270,7 @@ def write_op(summary, desc, req, ok, resp, extra):
     # http_body_max is the service's limit): a bare 413, no body.
     responses["413"] = {"description": "The body is larger than 64 KiB: "
                         "Kore's own answer, with no body and Connection: "
-                        "close (see the README)."}
+                        "close (see docs/limits.md)."}
     return {"summary": summary, "description": desc,
             "parameters": [KEY_PARAM],
             "requestBody": {"required": True, "content": {

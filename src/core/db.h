@@ -19,7 +19,7 @@
 /*
  * The pools of a worker. Each has a fixed number of connections, made when
  * the pool is opened and made again whenever one is lost; no traffic can
- * make a worker hold more (README: The database layer).
+ * make a worker hold more (docs/operations.md: The database layer).
  */
 #define DB_POOL_REQUESTS	0	/* pgsql_conn_max (16 when 0) */
 #define DB_POOL_HEALTH		1	/* 1: /healthz never waits behind work */

@@ -22,26 +22,51 @@
 /* The Kore allocation that finds the mapping again after a reload. */
 #define METRICS_ANCHOR_TAG	0x69646d31
 
+/*
+ * The mapping is made once, by the parent, before it forks: its size is
+ * fixed for the life of the process, whatever a reload brings. Only the
+ * pages the counters touch are ever used.
+ */
+#define METRICS_MAP_SIZE	(256 * 1024)
+
 struct metrics_anchor {
-	struct metrics_shared	*shared;
+	struct metrics_header	*header;
 };
 
+/*
+ * The start of the mapping, the same in every build: which layout of the
+ * counters follows it, and what replay_cache.c's workers last learned
+ * (not a metric).
+ */
+struct metrics_header {
+	u_int64_t	layout;
+	u_int64_t	standby;
+	u_int64_t	reserved[6];
+};
+
+/* What follows the header: this build's counters. */
 struct metrics_shared {
 	u_int64_t	requests[ROUTE_MAX][OUTCOME_MAX];
 	u_int64_t	latency[ROUTE_MAX][LATENCY_BUCKETS + 1];
 	u_int64_t	latency_sum_ms[ROUTE_MAX];
 	u_int64_t	counters[COUNTER_MAX];
-
-	/* Not a metric: what replay_cache.c's workers last learned. */
-	u_int64_t	standby;
 };
 
-static void	serve_requests(struct kore_buf *);
-static void	serve_latency(struct kore_buf *);
-static void	serve_counters(struct kore_buf *);
-static u_int64_t	load(u_int64_t *);
+static void	serve_requests(struct kore_buf *, const struct metrics_shared *);
+static void	serve_latency(struct kore_buf *, const struct metrics_shared *);
+static void	serve_counters(struct kore_buf *,
+		    const struct metrics_shared *);
+static u_int64_t	load(const u_int64_t *);
+static u_int64_t	layout_of_build(void);
+static u_int64_t	layout_hash(u_int64_t, const void *, size_t);
+static int		current(void);
 
+static struct metrics_header	*header = NULL;
 static struct metrics_shared	*shared = NULL;
+static u_int64_t		layout = 0;
+
+/* What /metrics shows while the mapping holds another build's counters. */
+static const struct metrics_shared	none;
 
 static const char	*outcome_names[OUTCOME_MAX] = {
 	[OUTCOME_CREATED] = "created",
@@ -88,12 +113,20 @@ metrics_init(void)
 		fatal("%s: %zu routes, room for %d", __func__, idem_nroutes,
 		    ROUTE_MAX);
 
-	shared = mmap(NULL, sizeof(*shared), PROT_READ | PROT_WRITE,
+	if (sizeof(*header) + sizeof(*shared) > METRICS_MAP_SIZE)
+		fatal("%s: the counters need %zu bytes, the mapping has %d",
+		    __func__, sizeof(*header) + sizeof(*shared),
+		    METRICS_MAP_SIZE);
+
+	header = mmap(NULL, METRICS_MAP_SIZE, PROT_READ | PROT_WRITE,
 	    MAP_SHARED | MAP_ANONYMOUS, -1, 0);
-	if (shared == MAP_FAILED)
+	if (header == MAP_FAILED)
 		fatal("%s: mmap: %s", __func__, errno_s);
 
-	memset(shared, 0, sizeof(*shared));
+	/* Anonymous memory starts zeroed: every counter at 0. */
+	layout = layout_of_build();
+	header->layout = layout;
+	shared = (struct metrics_shared *)(header + 1);
 
 	/*
 	 * A reload drops the module's statics, this pointer among them, in
@@ -101,17 +134,24 @@ metrics_init(void)
 	 * does Kore's memory, where a tagged allocation remembers it.
 	 */
 	anchor = kore_malloc_tagged(sizeof(*anchor), METRICS_ANCHOR_TAG);
-	anchor->shared = shared;
+	anchor->header = header;
 }
 
 /*
  * Finds the mapping the parent made, in a worker whose module was loaded
  * again (a reload, or a worker forked by a reloaded parent).
+ *
+ * A build whose counters are laid out otherwise (a route inserted, an
+ * outcome or a counter added) cannot read the old ones: the counters
+ * would land on other labels. The first worker of such a build starts
+ * them again from zero, and says so; the others of its build find them
+ * so. A worker still on the old build then counts nothing (current()).
  */
 void
 metrics_attach(void)
 {
 	struct metrics_anchor	*anchor;
+	u_int64_t		old;
 
 	if (shared != NULL)
 		return;
@@ -119,7 +159,77 @@ metrics_attach(void)
 	if ((anchor = kore_mem_lookup(METRICS_ANCHOR_TAG)) == NULL)
 		fatal("%s: the parent made no metrics mapping", __func__);
 
-	shared = anchor->shared;
+	if (sizeof(*anchor->header) + sizeof(*shared) > METRICS_MAP_SIZE) {
+		kore_log(LOG_ERR, "metrics: this build's counters need %zu "
+		    "bytes, the mapping has %d: none are counted until a "
+		    "restart", sizeof(*anchor->header) + sizeof(*shared),
+		    METRICS_MAP_SIZE);
+		return;
+	}
+
+	header = anchor->header;
+	layout = layout_of_build();
+	shared = (struct metrics_shared *)(header + 1);
+
+	old = __atomic_load_n(&header->layout, __ATOMIC_ACQUIRE);
+	if (old != layout && __atomic_compare_exchange_n(&header->layout,
+	    &old, layout, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE)) {
+		memset(shared, 0, sizeof(*shared));
+		kore_log(LOG_NOTICE, "metrics: the new build lays its counters "
+		    "out otherwise (routes, outcomes or counters changed): "
+		    "they start again from zero");
+	}
+}
+
+/* Whether the counters in the mapping are this build's. */
+static int
+current(void)
+{
+	return (shared != NULL &&
+	    __atomic_load_n(&header->layout, __ATOMIC_ACQUIRE) == layout);
+}
+
+/*
+ * What the layout of the counters depends on: their sizes, the routes'
+ * labels in their order, the outcomes, the counters and the buckets.
+ */
+static u_int64_t
+layout_of_build(void)
+{
+	u_int64_t	h;
+	size_t		i, size;
+
+	h = 14695981039346656037ULL;
+	size = sizeof(struct metrics_shared);
+	h = layout_hash(h, &size, sizeof(size));
+	h = layout_hash(h, bucket_ms, sizeof(bucket_ms));
+	for (i = 0; i < idem_nroutes; i++)
+		h = layout_hash(h, idem_routes[i].label,
+		    strlen(idem_routes[i].label) + 1);
+	for (i = 0; i < OUTCOME_MAX; i++)
+		h = layout_hash(h, outcome_names[i],
+		    strlen(outcome_names[i]) + 1);
+	for (i = 0; i < COUNTER_MAX; i++)
+		h = layout_hash(h, counters[i].name,
+		    strlen(counters[i].name) + 1);
+
+	/* 0 is no layout. */
+	return (h == 0 ? 1 : h);
+}
+
+/* FNV-1a, 64 bits. */
+static u_int64_t
+layout_hash(u_int64_t h, const void *data, size_t len)
+{
+	const u_int8_t	*p = data;
+	size_t		i;
+
+	for (i = 0; i < len; i++) {
+		h ^= p[i];
+		h *= 1099511628211ULL;
+	}
+
+	return (h);
 }
 
 void
@@ -128,7 +238,7 @@ metrics_request(int route, int outcome, u_int64_t started)
 	u_int64_t	ms;
 	int		i;
 
-	if (shared == NULL)
+	if (!current())
 		return;
 
 	ms = kore_time_ms() - started;
@@ -153,7 +263,7 @@ metrics_outcome_name(int outcome)
 void
 metrics_count(int counter, u_int64_t n)
 {
-	if (shared != NULL)
+	if (current())
 		__atomic_fetch_add(&shared->counters[counter], n,
 		    __ATOMIC_RELAXED);
 }
@@ -166,16 +276,16 @@ metrics_count(int counter, u_int64_t n)
 void
 metrics_standby_set(int standby)
 {
-	if (shared != NULL)
-		__atomic_store_n(&shared->standby, standby ? 1 : 0,
+	if (header != NULL)
+		__atomic_store_n(&header->standby, standby ? 1 : 0,
 		    __ATOMIC_RELAXED);
 }
 
 int
 metrics_standby(void)
 {
-	return (shared != NULL &&
-	    __atomic_load_n(&shared->standby, __ATOMIC_RELAXED) != 0);
+	return (header != NULL &&
+	    __atomic_load_n(&header->standby, __ATOMIC_RELAXED) != 0);
 }
 
 void
@@ -187,7 +297,8 @@ metrics_db_error(void)
 int
 metrics_serve(struct http_request *req)
 {
-	struct kore_buf		buf;
+	struct kore_buf			buf;
+	const struct metrics_shared	*m;
 
 	if (req->method != HTTP_METHOD_GET) {
 		http_response_header(req, "allow", "GET");
@@ -197,10 +308,11 @@ metrics_serve(struct http_request *req)
 		return (KORE_RESULT_OK);
 	}
 
+	m = current() ? shared : &none;
 	kore_buf_init(&buf, 8192);
-	serve_requests(&buf);
-	serve_latency(&buf);
-	serve_counters(&buf);
+	serve_requests(&buf, m);
+	serve_latency(&buf, m);
+	serve_counters(&buf, m);
 
 	http_response_header(req, "content-type",
 	    "text/plain; version=0.0.4; charset=utf-8");
@@ -212,7 +324,7 @@ metrics_serve(struct http_request *req)
 }
 
 static void
-serve_requests(struct kore_buf *buf)
+serve_requests(struct kore_buf *buf, const struct metrics_shared *m)
 {
 	int		r, o;
 
@@ -224,13 +336,13 @@ serve_requests(struct kore_buf *buf)
 			kore_buf_appendf(buf, "idem_requests_total{route=\"%s\","
 			    "outcome=\"%s\"} %lu\n", idem_routes[r].label,
 			    outcome_names[o],
-			    (unsigned long)load(&shared->requests[r][o]));
+			    (unsigned long)load(&m->requests[r][o]));
 		}
 	}
 }
 
 static void
-serve_latency(struct kore_buf *buf)
+serve_latency(struct kore_buf *buf, const struct metrics_shared *m)
 {
 	u_int64_t	total;
 	int		r, i;
@@ -242,7 +354,7 @@ serve_latency(struct kore_buf *buf)
 	for (r = 0; r < (int)idem_nroutes; r++) {
 		total = 0;
 		for (i = 0; i <= LATENCY_BUCKETS; i++) {
-			total += load(&shared->latency[r][i]);
+			total += load(&m->latency[r][i]);
 			if (i < LATENCY_BUCKETS) {
 				kore_buf_appendf(buf,
 				    "idem_request_duration_seconds_bucket{"
@@ -259,26 +371,26 @@ serve_latency(struct kore_buf *buf)
 
 		kore_buf_appendf(buf, "idem_request_duration_seconds_sum{"
 		    "route=\"%s\"} %.3f\n", idem_routes[r].label,
-		    load(&shared->latency_sum_ms[r]) / 1000.0);
+		    load(&m->latency_sum_ms[r]) / 1000.0);
 		kore_buf_appendf(buf, "idem_request_duration_seconds_count{"
 		    "route=\"%s\"} %lu\n", idem_routes[r].label, (unsigned long)total);
 	}
 }
 
 static void
-serve_counters(struct kore_buf *buf)
+serve_counters(struct kore_buf *buf, const struct metrics_shared *m)
 {
 	int		i;
 
 	for (i = 0; i < COUNTER_MAX; i++) {
 		kore_buf_appendf(buf, "# HELP %s %s\n# TYPE %s counter\n%s %lu\n",
 		    counters[i].name, counters[i].help, counters[i].name,
-		    counters[i].name, (unsigned long)load(&shared->counters[i]));
+		    counters[i].name, (unsigned long)load(&m->counters[i]));
 	}
 }
 
 static u_int64_t
-load(u_int64_t *p)
+load(const u_int64_t *p)
 {
 	return (__atomic_load_n(p, __ATOMIC_RELAXED));
 }

@@ -2,7 +2,7 @@
  * The payment providers the lease operations can call, one table each,
  * and the one chosen by IDEM_PROVIDER_KIND. A table says everything that
  * differs between providers; the lease flow, its states and its SQL are
- * the same for all (lease.c). The README prints the answer tables side by
+ * the same for all (lease.c). docs/operations.md prints the answer tables side by
  * side.
  *
  *   fake     this project's fake provider (src/dev/fake_provider.c): JSON

@@ -1,8 +1,8 @@
 /*
  * The classes of provider answers. Each provider has one table read top
  * to bottom (provider.c): the first row that matches a finished call
- * decides what the operation does and what the client gets. The README
- * prints the tables.
+ * decides what the operation does and what the client gets.
+ * docs/operations.md prints the tables.
  *
  *   success        saved as the payment, 201
  *   refused        saved and replayed (402, 422), never sent again

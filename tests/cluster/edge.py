@@ -137,7 +137,7 @@ for tls in (False, True):
             f"{via}: a Content-Length over 64 KiB")
     st, _, _, _ = send(order(key("cl2"), extra=b"Content-Length: 3\r\n"), tls)
     t.eq(st, 400, f"{via}: two Content-Lengths that differ are refused"
-         " (haproxy 2.6's own page: README)")
+         " (haproxy 2.6's own page: docs/production.md)")
 
     # A Content-Length shorter than the body: the request is the declared
     # bytes, answered at once (Kore alone waited 60 s for the rest).

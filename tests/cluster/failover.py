@@ -18,7 +18,7 @@ Then, on the same cluster, why the standby is synchronous: the standby's
 WAL sender is held (SIGSTOP) while orders go on, and the primary is
 killed; once with the synchronous standby, once with it made
 asynchronous. What the clients were told and what survived makes the
-README's table."""
+docs/production.md's table."""
 
 import collections
 import http.client

@@ -59,7 +59,7 @@ for path in ("/v1/orders", "/v1/bonuses"):
 
     rejected(path, 400, "idempotency-key-missing", "no Idempotency-Key", key=None)
     # Kore's HTTP parser itself refuses a header with an empty value or a
-    # byte past 0x7E: a bare 400 before any handler runs (see README).
+    # byte past 0x7E: a bare 400 before any handler runs (docs/limits.md).
     for bad, what in [("", "empty key"), ("é", "non-ASCII"), ("tab\there", "a tab")]:
         before = rows()
         r = api.post(path, GOOD[path], key=bad)
@@ -76,7 +76,7 @@ for path in ("/v1/orders", "/v1/bonuses"):
     rejected(path, 415, "unsupported-media-type", "no Content-Type", content_type=None)
 
     # Past 64 KiB Kore itself answers, before any handler: a bare 413
-    # (README); tests/http/17_body_limit.py tests both sides of the limit.
+    # (docs/behaviour.md, Bodies); tests/http/17_body_limit.py tests both sides of the limit.
     k, before = new_key(), rows()
     r = api.post(path, dict(GOOD[path], pad="x" * 70000), key=k)
     t.ok(r.status == 413 and r.body == b"", f"{path}: body over 64 KiB: bare 413", r)

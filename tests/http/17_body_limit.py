@@ -37,7 +37,7 @@ key = new_key()
 r = api.post("/v1/orders", order_of_size(LIMIT + 1), key=key)
 t.eq(r.status, 413, "a body of 64 KiB + 1 byte: 413")
 t.ok(r.body == b"" and r.headers.get("connection") == "close",
-     "Kore's own 413: no body, and the connection is closed (README)", r.headers)
+     "Kore's own 413: no body, and the connection is closed (docs/behaviour.md)", r.headers)
 t.eq(orders(key), 0, "nothing is written")
 t.eq(sql_value(f"select count(*) from idempotency_keys where idem_key = {quote(key)}"),
      "0", "the key is not taken")

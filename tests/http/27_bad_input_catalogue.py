@@ -1,8 +1,8 @@
 """The catalogue of bad inputs: a table of malformed and hostile requests,
 generated from the contract's rules, each sent as raw bytes over its own
 socket (http.client refuses most of them), each with the answer the
-README documents: a problem of a named type, or Kore's own bare answer
-where the README says Kore answers before the service sees the request.
+docs/behaviour.md documents: a problem of a named type, or Kore's own bare answer
+where docs/limits.md says Kore answers before the service sees the request.
 
 The table crosses the write routes with every header trick (key, token,
 content type), every body trick (truncated, nested 10,000 deep, huge
@@ -13,14 +13,14 @@ exactly their one operation. Then methods and paths, the framing of the
 request (Host, header lines, Content-Length, Transfer-Encoding, the 4 KiB
 head), slow clients (Kore's http_header_timeout and http_body_timeout,
 set to 2 s for this instance), pipelined requests (Kore 4.1 does not
-pipeline: see the README), and a client that disconnects at every step
+pipeline: see docs/limits.md), and a client that disconnects at every step
 of a payment.
 
 After every row: its answer, and that it left nothing, counted in every
 business table, in idempotency_keys (and the row's own key) and at the
 provider (provider.requests, and the row's derived key). At the end: no
 worker died, and the result table is printed to stderr (copied into the
-README, "Bad inputs")."""
+docs/behaviour.md, "Bad inputs")."""
 
 import json
 import os
@@ -333,7 +333,7 @@ for path in WRITES:
               slug="idempotency-key-malformed")
     bad_write(cat, "twice, two values", path, extra=[(b"Idempotency-Key", key())],
               slug="idempotency-key-malformed")
-    # Kore's HTTP parser refuses these header values itself (README).
+    # Kore's HTTP parser refuses these header values itself (docs/limits.md).
     for sent, what in [(b"", "empty"), ("é".encode(), "a byte past 0x7E (UTF-8)"),
                        (b"caf\xe9", "a Latin-1 byte"), (b"a\tb", "a tab"),
                        (b"a\x7fb", "a DEL byte"), (b"a\x01b", "a control byte")]:
@@ -846,13 +846,13 @@ for i, rw in enumerate(rows, 1):
 
 # The row whose key was cut at a NUL: its order is under the cut key.
 t.eq(nul.got and key_row(nul.key) and key_row(nul.key)["status"], "done",
-     "the key cut at the NUL holds the order (README, Known limits)")
+     "the key cut at the NUL holds the order (docs/limits.md)")
 
 
 # 8. Slow clients and pipelined requests, in batches of connections held
 # at once, CONNS per worker, so that both workers hold some: Kore checks
 # its timeouts only when a worker's event loop wakes up, and a worker
-# with no request and no timer of its own slept on (README, wakeup.c).
+# with no request and no timer of its own slept on (docs/behaviour.md, wakeup.c).
 # The first batch is idle connections only, nothing else to wake a
 # worker; each connection must end within Kore's timeout.
 
@@ -908,7 +908,7 @@ for n in range(2):
 # Pipelined: Kore 4.1 reads one request per read of the socket; what came
 # in the same read after a GET is dropped, after a POST it is read as more
 # of its body (past its Content-Length), so the POST waits for the rest
-# and gets Kore's 408. Nothing of them runs (README, Known limits).
+# and gets Kore's 408. Nothing of them runs (docs/limits.md).
 k1, k2, k3, k4 = key(), key(), key(), key()
 for name, talk, expect, k in [
         ("three GETs in one write", [read("/v1/payments/0", close=False) * 3],
@@ -988,7 +988,7 @@ state = after
 # leaves nothing; cut once the key is taken (while the provider thinks,
 # while the outcome is being saved), its attempt keeps the lease until it
 # expires, and the client's retry finishes the payment with the same
-# derived key: one charge (README, "A client that disconnects").
+# derived key: one charge (docs/behaviour.md, "A client that disconnects").
 provider.stop()
 provider = Provider(port=provider.port, name="provider-slow",
                     IDEM_PROVIDER_LATENCY_MS=1500).start()

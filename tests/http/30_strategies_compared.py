@@ -1,7 +1,7 @@
 """The strategies compared, scenario by scenario, as the design's table
 has them: each scenario is run against every strategy it applies to,
 counting charges at the fake provider and orders in the database, and the
-table is printed at the end (and copied into the README).
+table is printed at the end (and copied into docs/behaviour.md).
 
   naive               POST /demo/naive/payments (check, charge, then write)
   lease               POST /v1/payments

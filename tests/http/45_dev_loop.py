@@ -23,8 +23,8 @@ import threading
 import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "lib"))
-from harness import (DB_URL, ROOT, TMP, Tap, alive, free_port, get, new_key,  # noqa: E402
-                     post, request, wait_until)
+from harness import (DB_URL, ROOT, TMP, Tap, alive, free_port, get, metric,  # noqa: E402
+                     new_key, post, request, wait_until)
 
 t = Tap()
 
@@ -231,6 +231,33 @@ try:
                timeout=90)
     t.eq(workers(), before, "the same workers after all three edits")
 
+    # A build whose counters are laid out otherwise (a counter added),
+    # loaded by a reload into the same workers: the counters start again
+    # from zero, on the right labels, and the log says so.
+    created = 'route="POST /v1/orders",outcome="created"'
+    t.ok(metric(port, "idem_requests_total", created) >= 1, "orders were counted")
+    mark = len(output())
+    edit("src/core/metrics.h", "#define COUNTER_MAX\t\t\t6",
+         "#define COUNTER_DEV_LOOP\t\t6\n#define COUNTER_MAX\t\t\t7")
+    edit("src/core/metrics.c", "\t[COUNTER_REPLAY_CACHE_HITS] = {",
+         '\t[COUNTER_DEV_LOOP] = { "idem_dev_loop_total", "A counter of the dev '
+         'loop\'s test." },\n\t[COUNTER_REPLAY_CACHE_HITS] = {')
+    wait_until(lambda: b"idem_dev_loop_total" in request(port, "GET", "/metrics").body,
+               "the new counter to be served", timeout=180)
+    # Both workers on the new build (a worker still on the old one counts
+    # nothing); their log lines reach make run's terminal through a pipe.
+    wait_until(lambda: all(f"api      | [wrk {w}]: reloaded" in output()[mark:]
+                           for w in (1, 2)), "both workers to reload", timeout=30)
+    t.ok("they start again from zero" in output(),
+         "a reload with another layout of the counters says they start from zero",
+         output()[-1500:])
+    t.eq(metric(port, "idem_requests_total", created), 0, "and they do")
+    t.eq(order("fresh").status, 201, "an order is served")
+    t.eq(metric(port, "idem_requests_total", created), 1,
+         "and counted on its own label")
+    t.eq(metric(port, "idem_dev_loop_total"), 0, "the new counter reads 0")
+    t.eq(workers(), before, "by the same workers: none crashed")
+
     # A new line in the route table: Kore routes a path when it starts, so
     # make run restarts the API by itself, and says so.
     edit("src/operations/routes.c", "#if defined(DEV_ROUTES)\n\t{ HTTP_METHOD_POST",
@@ -271,6 +298,9 @@ finally:
 t.ok(status == 0, "Ctrl-C during a build stops make run with exit status 0",
      f"status {status}\n" + output()[-1500:])
 t.ok(not alive(int(open(held).read())), "and the build with it")
+# The builds below are not held.
+shutil.copy2(os.path.join(ROOT, "scripts", "openapi.py"),
+             os.path.join(copy, "scripts", "openapi.py"))
 t.ok("Interrupt" not in output() and "Error" not in output().split("stopped")[-1],
      "and make reports no interrupt or error", output()[-800:])
 time.sleep(0.5)

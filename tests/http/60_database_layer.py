@@ -27,7 +27,7 @@ PGDATA = os.environ["IDEM_TEST_PGDATA"]
 DB = sql_value("select current_database()")
 CONN_MAX = 4
 # One worker: pgsql_conn_max for requests, 1 for /healthz, 2 for token
-# lookups, 3 for the jobs (worker 1 runs them): README, The database layer.
+# lookups, 3 for the jobs (worker 1 runs them): docs/operations.md, The database layer.
 FORMULA_ONE_WORKER = CONN_MAX + 1 + 2 + 3
 
 

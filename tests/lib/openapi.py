@@ -74,7 +74,7 @@ def _validator(key, schema):
 
 
 # Kore answers these itself, before the service sees the request, with no
-# body and no content type (the README lists when: its HTTP parser, its
+# body and no content type (docs/limits.md lists when: its HTTP parser, its
 # timeouts, its limits); the document describes the service's answers.
 KORE_BARE = {400, 404, 405, 408, 411, 413, 414, 503, 505}
 

@@ -829,7 +829,7 @@ class Soak:
                        all(up and len(w) == 2 and all(alive(p) for p in w)
                            for up, w in workers.values()), workers))
         # A pooled connection whose server restarted fails its first query
-        # (a retryable 503, README "Health and outages"): each instance
+        # (a retryable 503, docs/operations.md, "Health and outages"): each instance
         # answers /healthz 200 within 5 s, then every time.
         health = []
         for api in self.apis:
