@@ -17,7 +17,9 @@ is a link to docs/openapi.json): edit the sources, not the JSON.
 import json
 import os
 import re
+import subprocess
 import sys
+import tempfile
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MAX = 9007199254740991
@@ -290,159 +292,75 @@ def read_op(summary, desc, params, ok, resp, extra=()):
 # routes.c names each route's operation; the operation's table, in a file of
 # src/operations/, gives its fields, the members of its answer, its summary
 # and description, its strategy and what the strategy needs (the lease
-# call, the read). The SQL it registers (idem_operation() in sql/) gives the
-# problems it answers: every idem_problem('<type>', ...) in its functions
-# and in the functions they call.
+# call, the read). The compiler reads them: scripts/openapi-tables.c, linked
+# with src/operations/ alone, prints them as JSON. The SQL it registers
+# (idem_operation() in sql/) gives the problems it answers: every
+# idem_problem('<type>', ...) in its functions and in the functions they
+# call.
 
-C_TOKEN = re.compile(r'\s*(?:("(?:[^"\\]|\\.)*")|([A-Za-z_][\w.]*)|'
-                     r'(-?\d+)|(\.\w+\s*=)|([{},&()]))')
-
-
-def c_tokens(text):
-    """An initializer's tokens: strings (adjacent ones joined), names,
-    numbers, designators (".name="), punctuation."""
-    out, pos = [], 0
-    while True:
-        m = C_TOKEN.match(text, pos)
-        if not m or m.end() == pos:
-            break
-        pos = m.end()
-        st, name, num, desig, punct = m.groups()
-        if st is not None:
-            st = json.loads(st)
-            if out and out[-1][0] == "str":
-                out[-1] = ("str", out[-1][1] + st)
-            else:
-                out.append(("str", st))
-        elif name is not None:
-            out.append(("name", name))
-        elif num is not None:
-            out.append(("num", int(num)))
-        elif desig is not None:
-            out.append(("desig", desig[1:].split("=")[0].strip()))
-        else:
-            out.append(("p", punct))
-    if text[pos:].strip():
-        sys.exit(f"openapi.py: cannot read the C initializer at "
-                 f"{text[pos:pos + 60]!r}")
-    return out
+SRC_DIRS = ["src/core", "src/transactional", "src/lease", "src/operations",
+            "src/dev"]
 
 
-def c_value(toks, i):
-    """The value at toks[i]: a scalar, or a {...} as a list of (designator
-    or None, value); and the index after it."""
-    kind, v = toks[i]
-    if kind == "p" and v == "{":
-        items, i = [], i + 1
-        while toks[i] != ("p", "}"):
-            desig = None
-            if toks[i][0] == "desig":
-                desig, i = toks[i][1], i + 1
-            val, i = c_value(toks, i)
-            items.append((desig, val))
-            if toks[i] == ("p", ","):
-                i += 1
-        return items, i + 1
-    if kind == "p" and v == "&":
-        return c_value(toks, i + 1)
-    if kind == "name" and i + 1 < len(toks) and toks[i + 1] == ("p", "("):
-        # A macro: IDEM_FIELDS(t) sets .fields to t.
-        args, i = [], i + 2
-        while toks[i] != ("p", ")"):
-            a, i = c_value(toks, i)
-            args.append(a)
-            if toks[i] == ("p", ","):
-                i += 1
-        return ("macro", v, args), i + 1
-    return v, i + 1
+def c_tables():
+    """The route table, demo routes aside, and each route's operation."""
+    try:
+        pg = subprocess.run(["pg_config", "--includedir"], capture_output=True,
+                            text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        pg = "/usr/include/postgresql"
+    ops = sorted(os.path.join("src/operations", f) for f in
+                 os.listdir(os.path.join(ROOT, "src/operations"))
+                 if f.endswith(".c"))
+    with tempfile.TemporaryDirectory() as tmp:
+        exe = os.path.join(tmp, "openapi-tables")
+        cmd = ([os.environ.get("CC", "cc"), "-std=c99", "-D_GNU_SOURCE", "-w",
+                "-I" + pg] + ["-I" + d for d in SRC_DIRS] +
+               ["-o", exe, "scripts/openapi-tables.c"] + ops +
+               ["-no-pie", "-Wl,--unresolved-symbols=ignore-all"])
+        r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
+        if r.returncode != 0:
+            sys.exit("openapi.py: cannot build the tables' reader:\n" +
+                     r.stderr)
+        r = subprocess.run([exe], capture_output=True, text=True)
+        if r.returncode != 0:
+            sys.exit("openapi.py: " + r.stderr.strip())
+        return json.loads(r.stdout)
 
 
-def c_definitions():
-    """Every table defined in src/operations/ (and the demos' file): its
-    name -> its initializer, read as c_value does."""
-    defs = {}
-    for d in ("src/operations",):
-        for f in sorted(os.listdir(os.path.join(ROOT, d))):
-            if not f.endswith(".c"):
-                continue
-            text = re.sub(r"/\*.*?\*/", "", read(os.path.join(d, f)),
-                          flags=re.S)
-            text = re.sub(r"^#.*$", "", text, flags=re.M)
-            for m in re.finditer(r"^(?:static\s+)?const\s+struct\s+\w+\s+"
-                                 r"(\w+)(?:\[\w*\])?\s*=\s*(\{.*?\n\});",
-                                 text, re.M | re.S):
-                toks = c_tokens(m.group(2))
-                defs[m.group(1)] = c_value(toks, 0)[0]
-    return defs
-
-
-def c_struct(items):
-    """A designated initializer as a dict."""
-    out = {}
-    for desig, val in items:
-        if isinstance(val, tuple) and val[0] == "macro" and \
-                val[1] == "IDEM_FIELDS":
-            out["fields"] = val[2][0]
-        elif desig:
-            out[desig] = val
-    return out
-
-
-FIELD_MEMBERS = ("name", "kind", "required", "fingerprint", "doc", "values",
-                 "items")
-
-
-def c_rows(defs, table):
-    """A field table's rows as dicts, up to its { NULL } if it has one."""
-    rows = []
-    for _, row in defs[table]:
-        r = dict(zip(FIELD_MEMBERS, [None] * len(FIELD_MEMBERS)))
-        pos = 0
-        for desig, val in row:
-            if desig:
-                r[desig] = val
-            else:
-                r[FIELD_MEMBERS[pos]] = val
-                pos += 1
-        if r["name"] in (None, "NULL"):
-            break
-        rows.append(r)
-    return rows
-
-
-def c_routes():
-    """routes.c's table, demo routes aside: (method, path, label, op)."""
-    text = read("src/operations/routes.c")
-    text = re.sub(r"#if defined\(DEV_ROUTES\).*?#endif", "", text, flags=re.S)
-    return re.findall(r'\{\s*HTTP_METHOD_(\w+),\s*"([^"]*)",\s*'
-                      r'"([A-Z]+ [^"]+)",\s*&(\w+)\s*\}', text)
+ROUTES = c_tables()
 
 
 def route_labels():
     """The labels of routes.c ("POST /v1/orders"), demo routes aside."""
-    return [label for _, _, label, _ in c_routes()]
+    return [route["label"] for route in ROUTES]
 
 
 def problem_enums():
-    """PROBLEM_X -> its type, from problem.c."""
-    text = read("src/core/problem.c")
-    return dict(re.findall(r'\[(PROBLEM_\w+)\]\s*=\s*\{\s*\d+,\s*"([a-z-]+)"',
-                           text))
+    """A problem's number (problem.h) -> its type (problem.c)."""
+    names = dict(re.findall(r'\[(PROBLEM_\w+)\]\s*=\s*\{\s*\d+,\s*"([a-z-]+)"',
+                            read("src/core/problem.c")))
+    numbers = re.findall(r"^#define\s+(PROBLEM_\w+)\s+(\d+)\s*$",
+                         read("src/core/problem.h"), re.M)
+    return {int(n): names[name] for name, n in numbers if name in names}
 
 
 def sql_functions():
-    """Every function the migrations define: name -> its body (the last
-    definition); and the operations they register: name -> (strategy,
-    [functions])."""
+    """Every function the migrations define: name -> its bodies (every
+    overload, every definition); and the operations they register: name ->
+    (strategy, [functions]). Comments are dropped first, so that a
+    commented-out call counts for nothing."""
     funcs, ops = {}, {}
     for f in sorted(os.listdir(os.path.join(ROOT, "sql"))):
         if not f.endswith(".sql"):
             continue
         text = read(os.path.join("sql", f))
-        for m in re.finditer(r"create\s+or\s+replace\s+function\s+(\w+)\s*\("
-                             r".*?\bas\s+(\$\w*\$)(.*?)\2", text,
-                             re.S | re.I):
-            funcs[m.group(1)] = m.group(3)
+        text = re.sub(r"/\*.*?\*/", "", text, flags=re.S)
+        text = re.sub(r"--[^\n]*", "", text)
+        for m in re.finditer(r"\bcreate\s+(?:or\s+replace\s+)?function\s+"
+                             r"(?:public\.)?\"?(\w+)\"?\s*\(.*?"
+                             r"\bas\s+(\$\w*\$)(.*?)\2", text, re.S | re.I):
+            funcs.setdefault(m.group(1), []).append(m.group(3))
         for m in re.finditer(r"idem_operation\(\s*'([^']+)',\s*'(\w+)',\s*"
                              r"'(\w+)'(?:,\s*'(\w+)')?\s*\)", text):
             ops[m.group(1)] = (m.group(2), [x for x in m.group(3, 4) if x])
@@ -459,28 +377,26 @@ def sql_problems(func, seen=None):
     if func in seen or func not in SQL_FUNCS:
         return []
     seen.add(func)
-    body = SQL_FUNCS[func]
-    found = re.findall(r"idem_problem\(\s*'([a-z-]+)'", body)
-    for called in re.findall(r"\b(\w+)\s*\(", body):
-        if called != func:
-            found += sql_problems(called, seen)
+    found = []
+    for body in SQL_FUNCS[func]:
+        found += re.findall(r"idem_problem\(\s*'([a-z-]+)'", body)
+        for called in re.findall(r"\b(\w+)\s*\(", body):
+            if called != func:
+                found += sql_problems(called, seen)
     return [s for i, s in enumerate(found) if s not in found[:i]]
-
-
-KINDS = {"FIELD_AMOUNT": "amount", "FIELD_POINTS": "points",
-         "FIELD_CURRENCY": "currency", "FIELD_ID": "id", "FIELD_TEXT": "text",
-         "FIELD_REF": "ref", "FIELD_POINTS_POSITIVE": "positive",
-         "FIELD_TOKEN": "token", "FIELD_COUNT": "count",
-         "FIELD_STRING": "string", "FIELD_TIME": "time", "FIELD_LIST": "list"}
 
 
 def field_schema(f):
     """A body field's schema, as idem_field_check() checks its kind."""
-    kind, desc = KINDS[f["kind"]], f["doc"]
+    kind, desc = f["kind"], f["doc"]
     s = {"amount": f_amount, "points": f_points, "id": f_id, "text": f_text,
          "ref": f_positive, "positive": f_positive, "token": f_token,
          "currency": lambda d: dict(f_currency(), description=d + " " +
-                                    f_currency()["description"])}[kind](desc)
+                                    f_currency()["description"])}
+    if kind not in s:
+        sys.exit(f"openapi.py: field {f['name']}: a {kind} is not a body "
+                 "field's kind")
+    s = s[kind](desc)
     s["x-idem-kind"] = kind
     return s
 
@@ -492,26 +408,26 @@ EXAMPLE = {"amount": 10000, "points": 500, "currency": "RUB", "text": "gift",
 def request_schema(fields):
     example, n = {}, 0
     for f in fields:
-        if KINDS[f["kind"]] == "id":
+        if f["kind"] == "id":
             n += 1
             example[f["name"]] = f"c-{n}"
         else:
-            example[f["name"]] = EXAMPLE[KINDS[f["kind"]]]
+            example[f["name"]] = EXAMPLE[f["kind"]]
     return body({f["name"]: field_schema(f) for f in fields},
                 [f["name"] for f in fields if f["required"]],
                 [f["name"] for f in fields if f["fingerprint"]], example)
 
 
-def answer_schema(defs, table, schemas):
-    """An answer's schema from its table; its lists' rows get schemas of
-    their own, named after their tables."""
+def answer_schema(name, members, schemas):
+    """An answer's schema from its table; the rows of its lists get schemas
+    of their own, named after the answer and the member."""
     props = {}
-    for f in c_rows(defs, table):
-        kind, desc = KINDS[f["kind"]], f["doc"]
+    for f in members:
+        kind, desc = f["kind"], f["doc"]
         if kind == "list":
-            name = camel(f["items"])
-            schemas[name] = answer_schema(defs, f["items"], schemas)
-            s = {"type": "array", "items": ref(name), "description": desc}
+            item = name + camel(f["name"]) + "Item"
+            schemas[item] = answer_schema(item, f["items"]["rows"], schemas)
+            s = {"type": "array", "items": ref(item), "description": desc}
         elif kind in ("ref", "amount", "positive"):
             s = count(desc, 1)
         elif kind == "count":
@@ -539,9 +455,8 @@ def answer_schema(defs, table, schemas):
     return obj(props)
 
 
-def camel(symbol):
-    return "".join(w.capitalize() for w in
-                   re.sub(r"_operation$", "", symbol).split("_"))
+def camel(words):
+    return "".join(w.capitalize() for w in re.split(r"[^A-Za-z0-9]+", words))
 
 
 # Every write may answer these (idem.c, the key, the body, the database);
@@ -566,58 +481,61 @@ def retry_after(slug):
 
 
 def operations():
-    defs = c_definitions()
     enums = problem_enums()
     out = {}
-    for method, path, label, symbol in c_routes():
-        if symbol not in defs:
-            sys.exit(f"openapi.py: {label}: no table {symbol} in "
-                     "src/operations/")
-        op = c_struct(defs[symbol])
-        for member in ("summary", "doc", "answer"):
-            if not op.get(member):
-                sys.exit(f"openapi.py: {symbol} has no .{member} (its "
-                         "document needs it)")
-        name = camel(symbol)
-        SCHEMAS[name] = answer_schema(defs, op["answer"], SCHEMAS)
-        if method == "GET":
-            rd = c_struct(defs[op["read"]])
+    for route in ROUTES:
+        label = route["label"]
+        for member in ("summary", "doc"):
+            if not route[member]:
+                sys.exit(f"openapi.py: {label}: its operation has no "
+                         f".{member} (its document needs it)")
+        for f in route.get("fields", []) + route["answer"]:
+            if not f["doc"]:
+                sys.exit(f"openapi.py: {label}: {f['name']} has no doc")
+        if route["strategy"] == "read":
+            name = camel(re.sub(r"[{}]|/v1/", " ", label))
+            SCHEMAS[name] = answer_schema(name, route["answer"], SCHEMAS)
             # A pattern's argument is named by the label's {name}.
             in_path = re.search(r"\{(\w+)\}", label)
-            pname = in_path.group(1) if in_path else rd["arg"]
-            ref_arg = rd["parse"] == "idem_path_ref"
-            schema = (f_positive if ref_arg else f_id)("")
+            schema = (f_positive if route["parse"] == "ref" else f_id)("")
             schema["description"] = schema["description"].strip()
-            p = {"name": pname, "in": "path" if in_path else "query",
-                 "required": True, "schema": schema,
-                 "description": rd["rule"][0].upper() + rd["rule"][1:] + "."}
-            extra = [(["invalid-request"],)]
-            if rd["not_found"] != "PROBLEM_NOT_FOUND":
-                extra.append(([enums[rd["not_found"]]],))
-            out[label] = read_op(op["summary"], op["doc"], [p], "The answer.",
-                                 name, extra)
+            p = {"name": in_path.group(1) if in_path else route["arg"],
+                 "in": "path" if in_path else "query", "required": True,
+                 "schema": schema,
+                 "description": route["rule"][0].upper() + route["rule"][1:] +
+                 "."}
+            # The problem of a read whose function answers NULL.
+            extra = [(["invalid-request"],), ([enums[route["not_found"]]],)]
+            out[label] = read_op(route["summary"], route["doc"], [p],
+                                 "The answer.", name, extra)
             continue
-        fields = c_rows(defs, op["fields"])
-        SCHEMAS[name + "Request"] = request_schema(fields)
-        strategy, funcs = SQL_OPS.get(op["name"], (None, []))
-        if not funcs:
+        name = camel(route["name"])
+        SCHEMAS[name] = answer_schema(name, route["answer"], SCHEMAS)
+        SCHEMAS[name + "Request"] = request_schema(route["fields"])
+        strategy, funcs = SQL_OPS.get(route["name"], (None, []))
+        if strategy != route["strategy"]:
             sys.exit(f"openapi.py: {label}: no migration of sql/ registers "
-                     f"{op['name']} (idem_operation())")
+                     f"{route['name']} as a {route['strategy']} operation "
+                     "(idem_operation())")
         extra = []
         if strategy == "lease":
-            call = c_struct(defs[op["call"]])
-            saved = [enums[call[k]] for k in ("declined", "rejected")]
+            # Saved: a decline, a refusal, and what its run function
+            # answers; not saved: what its admit function refuses.
+            saved = [enums[route["declined"]], enums[route["rejected"]]]
+            saved += sql_problems(funcs[0])
             saved = [s for i, s in enumerate(saved) if s not in saved[:i]]
             extra += LEASE
             admit = sql_problems(funcs[1]) if len(funcs) > 1 else []
-            extra += [([s], (), retry_after(s)) for s in admit]
+            extra += [([s], (), retry_after(s)) for s in admit
+                      if s not in saved]
         else:
             saved = sql_problems(funcs[0])
         extra += [([s], [s]) for s in saved]
-        out[label] = write_op(op["summary"], op["doc"], name + "Request",
+        out[label] = write_op(route["summary"], route["doc"], name + "Request",
                               "The answer (saved: a retry replays it).",
                               name, extra)
     return out
+
 
 NO_AUTH = [{}]
 
@@ -642,6 +560,15 @@ OPERATIONS.update({
         "deleted by cleanup, database errors. No token needed.",
         "security": NO_AUTH,
         "responses": {"200": {"description": "Prometheus text format.",
+                              "content": {"text/plain": {"schema": {
+                                  "type": "string"}}}},
+                      "503": {"description": "A worker still on the "
+                              "previous build, during a reload whose "
+                              "build lays the counters out otherwise: "
+                              "retry (a failed scrape, not a counter "
+                              "reset).",
+                              "headers": {"Retry-After": header(
+                                  "Retry-After", required=True)},
                               "content": {"text/plain": {"schema": {
                                   "type": "string"}}}}},
     },

@@ -167,7 +167,7 @@ drop function if exists bonus_apply(text, text, text, text, bigint, text,
 --
 -- The order, the accrual and its ledger row are one statement (what
 -- bonus_post() does, inlined): the path every fresh order takes is the
--- one PostgreSQL runs fastest (see Benchmark in the README).
+-- one PostgreSQL runs fastest (see docs/benchmark.md).
 create or replace function order_create(p_client text, p_key text,
     p_request jsonb)
 returns table (status_code int, response text)

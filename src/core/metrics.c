@@ -44,6 +44,9 @@ struct metrics_header {
 	u_int64_t	reserved[6];
 };
 
+/* 0 in the header's layout: the counters are being started again. */
+#define LAYOUT_RESETTING	0
+
 /* What follows the header: this build's counters. */
 struct metrics_shared {
 	u_int64_t	requests[ROUTE_MAX][OUTCOME_MAX];
@@ -51,6 +54,11 @@ struct metrics_shared {
 	u_int64_t	latency_sum_ms[ROUTE_MAX];
 	u_int64_t	counters[COUNTER_MAX];
 };
+
+_Static_assert(sizeof(struct metrics_header) == 64,
+    "the header is the same in every build");
+_Static_assert(sizeof(struct metrics_header) + sizeof(struct metrics_shared) <=
+    METRICS_MAP_SIZE, "the counters fit the mapping");
 
 static void	serve_requests(struct kore_buf *, const struct metrics_shared *);
 static void	serve_latency(struct kore_buf *, const struct metrics_shared *);
@@ -64,9 +72,6 @@ static int		current(void);
 static struct metrics_header	*header = NULL;
 static struct metrics_shared	*shared = NULL;
 static u_int64_t		layout = 0;
-
-/* What /metrics shows while the mapping holds another build's counters. */
-static const struct metrics_shared	none;
 
 static const char	*outcome_names[OUTCOME_MAX] = {
 	[OUTCOME_CREATED] = "created",
@@ -113,11 +118,6 @@ metrics_init(void)
 		fatal("%s: %zu routes, room for %d", __func__, idem_nroutes,
 		    ROUTE_MAX);
 
-	if (sizeof(*header) + sizeof(*shared) > METRICS_MAP_SIZE)
-		fatal("%s: the counters need %zu bytes, the mapping has %d",
-		    __func__, sizeof(*header) + sizeof(*shared),
-		    METRICS_MAP_SIZE);
-
 	header = mmap(NULL, METRICS_MAP_SIZE, PROT_READ | PROT_WRITE,
 	    MAP_SHARED | MAP_ANONYMOUS, -1, 0);
 	if (header == MAP_FAILED)
@@ -159,11 +159,10 @@ metrics_attach(void)
 	if ((anchor = kore_mem_lookup(METRICS_ANCHOR_TAG)) == NULL)
 		fatal("%s: the parent made no metrics mapping", __func__);
 
-	if (sizeof(*anchor->header) + sizeof(*shared) > METRICS_MAP_SIZE) {
-		kore_log(LOG_ERR, "metrics: this build's counters need %zu "
-		    "bytes, the mapping has %d: none are counted until a "
-		    "restart", sizeof(*anchor->header) + sizeof(*shared),
-		    METRICS_MAP_SIZE);
+	/* A reload cannot grow the table the parent routed. */
+	if (idem_nroutes > ROUTE_MAX) {
+		kore_log(LOG_ERR, "metrics: %zu routes, room for %d: none are "
+		    "counted until a restart", idem_nroutes, ROUTE_MAX);
 		return;
 	}
 
@@ -171,17 +170,29 @@ metrics_attach(void)
 	layout = layout_of_build();
 	shared = (struct metrics_shared *)(header + 1);
 
+	/*
+	 * The layout goes to LAYOUT_RESETTING while the counters are zeroed,
+	 * so that no worker counts into them meanwhile, then to this
+	 * build's. A worker of this build that attaches meanwhile finds it
+	 * resetting and counts once it is done.
+	 */
 	old = __atomic_load_n(&header->layout, __ATOMIC_ACQUIRE);
-	if (old != layout && __atomic_compare_exchange_n(&header->layout,
-	    &old, layout, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE)) {
+	if (old != layout && old != LAYOUT_RESETTING &&
+	    __atomic_compare_exchange_n(&header->layout, &old,
+	    LAYOUT_RESETTING, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE)) {
 		memset(shared, 0, sizeof(*shared));
+		__atomic_store_n(&header->layout, layout, __ATOMIC_RELEASE);
 		kore_log(LOG_NOTICE, "metrics: the new build lays its counters "
 		    "out otherwise (routes, outcomes or counters changed): "
 		    "they start again from zero");
 	}
 }
 
-/* Whether the counters in the mapping are this build's. */
+/*
+ * Whether the counters in the mapping are this build's. A worker of the
+ * old build that passed this just before a reset may still add once, on
+ * its own indices: a window of a few instructions, once per layout change.
+ */
 static int
 current(void)
 {
@@ -196,25 +207,30 @@ current(void)
 static u_int64_t
 layout_of_build(void)
 {
+	const char	*name;
 	u_int64_t	h;
 	size_t		i, size;
 
 	h = 14695981039346656037ULL;
+	size = sizeof(struct metrics_header);
+	h = layout_hash(h, &size, sizeof(size));
 	size = sizeof(struct metrics_shared);
 	h = layout_hash(h, &size, sizeof(size));
 	h = layout_hash(h, bucket_ms, sizeof(bucket_ms));
 	for (i = 0; i < idem_nroutes; i++)
 		h = layout_hash(h, idem_routes[i].label,
 		    strlen(idem_routes[i].label) + 1);
-	for (i = 0; i < OUTCOME_MAX; i++)
-		h = layout_hash(h, outcome_names[i],
-		    strlen(outcome_names[i]) + 1);
-	for (i = 0; i < COUNTER_MAX; i++)
-		h = layout_hash(h, counters[i].name,
-		    strlen(counters[i].name) + 1);
+	/* A name left out (a NULL) counts as an empty one. */
+	for (i = 0; i < OUTCOME_MAX; i++) {
+		name = outcome_names[i] != NULL ? outcome_names[i] : "";
+		h = layout_hash(h, name, strlen(name) + 1);
+	}
+	for (i = 0; i < COUNTER_MAX; i++) {
+		name = counters[i].name != NULL ? counters[i].name : "";
+		h = layout_hash(h, name, strlen(name) + 1);
+	}
 
-	/* 0 is no layout. */
-	return (h == 0 ? 1 : h);
+	return (h == LAYOUT_RESETTING ? 1 : h);
 }
 
 /* FNV-1a, 64 bits. */
@@ -297,8 +313,7 @@ metrics_db_error(void)
 int
 metrics_serve(struct http_request *req)
 {
-	struct kore_buf			buf;
-	const struct metrics_shared	*m;
+	struct kore_buf		buf;
 
 	if (req->method != HTTP_METHOD_GET) {
 		http_response_header(req, "allow", "GET");
@@ -308,11 +323,23 @@ metrics_serve(struct http_request *req)
 		return (KORE_RESULT_OK);
 	}
 
-	m = current() ? shared : &none;
+	/*
+	 * Zeros would read as a counter reset to Prometheus, and the next
+	 * scrape of a reloaded worker as traffic: a failed scrape is honest.
+	 */
+	if (!current()) {
+		http_response_header(req, "retry-after", "1");
+		http_response(req, HTTP_STATUS_SERVICE_UNAVAILABLE,
+		    "counters of another build: this worker is reloading\n",
+		    52);
+		access_log_plain(req, "ok");
+		return (KORE_RESULT_OK);
+	}
+
 	kore_buf_init(&buf, 8192);
-	serve_requests(&buf, m);
-	serve_latency(&buf, m);
-	serve_counters(&buf, m);
+	serve_requests(&buf, shared);
+	serve_latency(&buf, shared);
+	serve_counters(&buf, shared);
 
 	http_response_header(req, "content-type",
 	    "text/plain; version=0.0.4; charset=utf-8");

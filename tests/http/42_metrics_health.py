@@ -38,12 +38,18 @@ conn = http.client.HTTPConnection("127.0.0.1", api.port, timeout=60)
 conn.connect()
 
 
+local = conn.sock.getsockname()[1]
+
+
 def post_here(body, key, token=TOKENS["shop-1"]):
-    """A POST /v1/orders on the one connection."""
+    """A POST /v1/orders on the one connection (http.client would open
+    another, silently, if the server closed it: that is checked)."""
     headers = {"Authorization": f"Bearer {token}", "Content-Type": "application/json"}
     if key is not None:
         headers["Idempotency-Key"] = key
     conn.request("POST", "/v1/orders", body=json.dumps(body).encode(), headers=headers)
+    assert conn.sock is not None and conn.sock.getsockname()[1] == local, \
+        "the connection was closed and opened again"
     resp = conn.getresponse()
     data = resp.read()
     check_openapi("POST", "/v1/orders", resp.status,
@@ -86,7 +92,7 @@ def holder(client_port):
     return pids
 
 
-served_by = holder(conn.sock.getsockname()[1])
+served_by = holder(local)
 t.ok(len(served_by) == 1, "one worker of the API holds the connection", served_by)
 conn.close()
 

@@ -149,6 +149,7 @@ def order(comment):
                 key=new_key("loop"))
 
 
+held = os.path.join(TMP, "devloop-build.pid")
 try:
     wait_until(lambda: run.proc.poll() is not None or answers(), "make run to serve",
                timeout=180)
@@ -275,7 +276,6 @@ try:
 
     # A Ctrl-C during a build (below, in finally): the build is held in
     # scripts/openapi.py, which the build runs first, until it is killed.
-    held = os.path.join(TMP, "devloop-build.pid")
     edit("scripts/openapi.py", "def main():\n",
          f"def main():\n    open({held!r}, 'w').write(str(os.getpid()))\n"
          "    import time\n    time.sleep(600)\n")
@@ -297,7 +297,8 @@ finally:
 
 t.ok(status == 0, "Ctrl-C during a build stops make run with exit status 0",
      f"status {status}\n" + output()[-1500:])
-t.ok(not alive(int(open(held).read())), "and the build with it")
+t.ok(os.path.exists(held) and not alive(int(open(held).read() or 0)),
+     "and the build with it")
 # The builds below are not held.
 shutil.copy2(os.path.join(ROOT, "scripts", "openapi.py"),
              os.path.join(copy, "scripts", "openapi.py"))

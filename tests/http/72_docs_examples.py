@@ -112,9 +112,13 @@ try:
                 t.ok(False, f"{page}: a console block that can be read: {e}")
                 continue
             for cmd, expect in steps:
-                r = subprocess.run(["bash", "-c", cmd], cwd=ROOT, env=env, timeout=30,
-                                   capture_output=True, text=True)
                 first = cmd.splitlines()[0][:70]
+                try:
+                    r = subprocess.run(["bash", "-c", cmd], cwd=ROOT, env=env, timeout=60,
+                                       capture_output=True, text=True)
+                except subprocess.TimeoutExpired:
+                    t.ok(False, f"{page}: $ {first}", "it ran past 60 s")
+                    continue
                 t.ok(r.returncode == 0 and matches(expect, r.stdout),
                      f"{page}: $ {first}",
                      f"exit {r.returncode}\n--- the page says\n" + "\n".join(expect) +

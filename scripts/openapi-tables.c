@@ -1,0 +1,211 @@
+/*
+ * Prints the route table and the operations' tables as JSON, for
+ * scripts/openapi.py: the compiler reads the C, not a pattern. Linked with
+ * the files of src/operations/ alone (scripts/openapi.py builds it at every build,
+ * without DEV_ROUTES), its references to the rest of the service left
+ * unresolved: nothing here calls them. The strategies and the parsers of
+ * a read's argument are stand-ins defined below, so that a table's
+ * pointer to one tells which it is.
+ */
+
+#include <sys/types.h>
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "idem.h"
+#include "lease.h"
+#include "transactional.h"
+
+static void	string(const char *);
+static void	fields(const char *, const struct idem_field *, size_t);
+static void	fail(const char *, const char *) __attribute__((noreturn));
+
+int
+transactional_run(struct http_request *req)
+{
+	return (0);
+}
+
+int
+lease_run(struct http_request *req)
+{
+	return (0);
+}
+
+int
+idem_read_run(struct http_request *req)
+{
+	return (0);
+}
+
+int
+idem_path_ref(struct http_request *req, char *out, size_t len)
+{
+	return (0);
+}
+
+int
+idem_path_arg(struct http_request *req, char *out, size_t len)
+{
+	return (0);
+}
+
+static const char *
+kind_name(const char *where, int kind)
+{
+	switch (kind) {
+	case FIELD_AMOUNT:
+		return ("amount");
+	case FIELD_POINTS:
+		return ("points");
+	case FIELD_CURRENCY:
+		return ("currency");
+	case FIELD_ID:
+		return ("id");
+	case FIELD_TEXT:
+		return ("text");
+	case FIELD_REF:
+		return ("ref");
+	case FIELD_POINTS_POSITIVE:
+		return ("positive");
+	case FIELD_TOKEN:
+		return ("token");
+	case FIELD_COUNT:
+		return ("count");
+	case FIELD_STRING:
+		return ("string");
+	case FIELD_TIME:
+		return ("time");
+	case FIELD_LIST:
+		return ("list");
+	default:
+		fail(where, "a field of no known kind");
+	}
+}
+
+int
+main(void)
+{
+	const struct idem_operation	*op;
+	const struct idem_field		*f;
+	size_t				i, n;
+
+	printf("[");
+	for (i = 0; i < idem_nroutes; i++) {
+		op = idem_routes[i].op;
+		printf("%s{\"method\":\"%s\",\"path\":", i > 0 ? "," : "",
+		    idem_routes[i].method == HTTP_METHOD_GET ? "GET" : "POST");
+		string(idem_routes[i].path);
+		printf(",\"label\":");
+		string(idem_routes[i].label);
+		printf(",\"name\":");
+		string(op->name);
+		printf(",\"summary\":");
+		string(op->summary);
+		printf(",\"doc\":");
+		string(op->doc);
+
+		if (op->strategy == idem_read_run && op->read != NULL) {
+			printf(",\"strategy\":\"read\",\"arg\":");
+			string(op->read->arg);
+			printf(",\"rule\":");
+			string(op->read->rule);
+			printf(",\"parse\":\"%s\",\"not_found\":%d",
+			    op->read->parse == idem_path_ref ? "ref" : "id",
+			    op->read->not_found);
+		} else if (op->strategy == lease_run && op->call != NULL) {
+			printf(",\"strategy\":\"lease\",\"declined\":%d,"
+			    "\"rejected\":%d", op->call->declined,
+			    op->call->rejected);
+		} else if (op->strategy == transactional_run) {
+			printf(",\"strategy\":\"transactional\"");
+		} else {
+			fail(idem_routes[i].label, "a strategy this script "
+			    "does not know (or a read or lease table missing)");
+		}
+
+		if (op->strategy != idem_read_run) {
+			if (op->fields == NULL || op->nfields == 0)
+				fail(idem_routes[i].label, "no fields");
+			for (n = 0; n < op->nfields; n++) {
+				if (op->fields[n].name == NULL)
+					fail(idem_routes[i].label, "a field "
+					    "table with a NULL row (a field "
+					    "table has no end row; an answer "
+					    "table has)");
+			}
+			fields("fields", op->fields, op->nfields);
+		}
+
+		if (op->answer == NULL)
+			fail(idem_routes[i].label, "no answer table");
+		for (n = 0, f = op->answer; f->name != NULL; f++)
+			n++;
+		fields("answer", op->answer, n);
+		printf("}");
+	}
+	printf("]\n");
+
+	return (0);
+}
+
+static void
+fields(const char *member, const struct idem_field *f, size_t n)
+{
+	const struct idem_field	*it;
+	size_t			i, k;
+
+	printf(",\"%s\":[", member);
+	for (i = 0; i < n; i++) {
+		printf("%s{\"name\":", i > 0 ? "," : "");
+		string(f[i].name);
+		printf(",\"kind\":\"%s\",\"required\":%d,\"fingerprint\":%d,"
+		    "\"doc\":", kind_name(f[i].name, f[i].kind),
+		    f[i].required != 0, f[i].fingerprint != 0);
+		string(f[i].doc);
+		printf(",\"values\":");
+		string(f[i].values);
+		if (f[i].kind == FIELD_LIST) {
+			if (f[i].items == NULL)
+				fail(f[i].name, "a FIELD_LIST without .items");
+			for (k = 0, it = f[i].items; it->name != NULL; it++)
+				k++;
+			printf(",\"items\":{\"table\":\"%s.%s\"", member,
+			    f[i].name);
+			fields("rows", f[i].items, k);
+			printf("}");
+		}
+		printf("}");
+	}
+	printf("]");
+}
+
+/* A JSON string, or null. */
+static void
+string(const char *s)
+{
+	if (s == NULL) {
+		printf("null");
+		return;
+	}
+
+	putchar('"');
+	for (; *s != '\0'; s++) {
+		if (*s == '"' || *s == '\\')
+			printf("\\%c", *s);
+		else if ((unsigned char)*s < 0x20)
+			printf("\\u%04x", *s);
+		else
+			putchar(*s);
+	}
+	putchar('"');
+}
+
+static void
+fail(const char *where, const char *what)
+{
+	fprintf(stderr, "openapi-tables: %s: %s\n", where ? where : "?", what);
+	exit(1);
+}
