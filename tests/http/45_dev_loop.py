@@ -23,19 +23,12 @@ import threading
 import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "lib"))
-from harness import (DB_URL, ROOT, TMP, Tap, alive, free_port, get, metric,  # noqa: E402
-                     new_key, post, request, wait_until)
+from harness import (DB_URL, ROOT, TMP, Tap, alive, copy_tree, free_port, get,  # noqa: E402
+                     metric, new_key, post, request, wait_until)
 
 t = Tap()
 
-copy = os.path.join(TMP, "devloop")
-files = subprocess.run(["git", "ls-files", "-co", "--exclude-standard"], cwd=ROOT,
-                       check=True, capture_output=True, text=True).stdout.split()
-for f in files:
-    if os.path.isfile(os.path.join(ROOT, f)):
-        os.makedirs(os.path.join(copy, os.path.dirname(f)), exist_ok=True)
-        # Links stay links (assets/openapi.json -> docs/openapi.json).
-        shutil.copy2(os.path.join(ROOT, f), os.path.join(copy, f), follow_symlinks=False)
+copy = copy_tree("devloop")
 
 port, provider_port = free_port(), free_port()
 # Its jobs stay out of the way of the other tests' keys in the shared

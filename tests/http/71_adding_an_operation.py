@@ -15,24 +15,17 @@ before the demo routes). Then:
 import json
 import os
 import re
-import shutil
 import subprocess
 import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "lib"))
-from harness import ROOT, TMP, Tap, free_port  # noqa: E402
+from harness import ROOT, Tap, copy_tree, free_port  # noqa: E402
 
 t = Tap()
 GUIDE = os.path.join(ROOT, "docs", "adding-an-operation.md")
 ROUTE = "POST /v1/bonuses/redemptions"
 
-copy = os.path.join(TMP, "guide")
-files = subprocess.run(["git", "ls-files", "-co", "--exclude-standard"], cwd=ROOT,
-                       check=True, capture_output=True, text=True).stdout.split()
-for f in files:
-    if os.path.isfile(os.path.join(ROOT, f)):
-        os.makedirs(os.path.join(copy, os.path.dirname(f)), exist_ok=True)
-        shutil.copy2(os.path.join(ROOT, f), os.path.join(copy, f), follow_symlinks=False)
+copy = copy_tree("guide")
 # The Stripe mock the copy's make test wants, not downloaded again.
 mock = os.path.join(ROOT, "tools", "stripe-mock", "node_modules")
 if os.path.isdir(mock):

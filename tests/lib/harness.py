@@ -14,6 +14,7 @@ import http.client
 import json
 import os
 import random
+import shutil
 import signal
 import socket
 import ssl
@@ -344,6 +345,21 @@ _PORTS = [p for p in range(20000, 32000)
           if not 25430 <= p < 25470 and not 26190 <= p < 26220 and p not in _TAKEN]
 _given = set()
 _port_choice = random.Random().choice   # a test's own seeded random stays its own
+
+
+def copy_tree(name):
+    """A copy of the checkout's files (tracked and new, not ignored) in
+    TMP/name, links kept as links (assets/openapi.json): a tree a test may
+    edit and build."""
+    copy = os.path.join(TMP, name)
+    files = subprocess.run(["git", "ls-files", "-co", "--exclude-standard"], cwd=ROOT,
+                           check=True, capture_output=True, text=True).stdout.split()
+    for f in files:
+        if os.path.isfile(os.path.join(ROOT, f)):
+            os.makedirs(os.path.join(copy, os.path.dirname(f)), exist_ok=True)
+            shutil.copy2(os.path.join(ROOT, f), os.path.join(copy, f),
+                         follow_symlinks=False)
+    return copy
 
 
 def free_port():
