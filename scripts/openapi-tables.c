@@ -95,6 +95,10 @@ main(void)
 	printf("[");
 	for (i = 0; i < idem_nroutes; i++) {
 		op = idem_routes[i].op;
+		if (op == NULL)
+			fail(idem_routes[i].label, "its operation is not defined "
+			    "in src/operations/ (a typo in routes.c, or a static "
+			    "table?)");
 		printf("%s{\"method\":\"%s\",\"path\":", i > 0 ? "," : "",
 		    idem_routes[i].method == HTTP_METHOD_GET ? "GET" : "POST");
 		string(idem_routes[i].path);
@@ -108,6 +112,10 @@ main(void)
 		string(op->doc);
 
 		if (op->strategy == idem_read_run && op->read != NULL) {
+			/* 0 is PROBLEM_UNAUTHORIZED: a member left unset. */
+			if (op->read->not_found == 0)
+				fail(idem_routes[i].label, "a read without "
+				    ".not_found (a problem, or PROBLEM_NONE)");
 			printf(",\"strategy\":\"read\",\"arg\":");
 			string(op->read->arg);
 			printf(",\"rule\":");
@@ -116,6 +124,9 @@ main(void)
 			    op->read->parse == idem_path_ref ? "ref" : "id",
 			    op->read->not_found);
 		} else if (op->strategy == lease_run && op->call != NULL) {
+			if (op->call->declined == 0 || op->call->rejected == 0)
+				fail(idem_routes[i].label, "a lease call without "
+				    ".declined or .rejected");
 			printf(",\"strategy\":\"lease\",\"declined\":%d,"
 			    "\"rejected\":%d", op->call->declined,
 			    op->call->rejected);

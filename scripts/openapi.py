@@ -17,6 +17,7 @@ is a link to docs/openapi.json): edit the sources, not the JSON.
 import json
 import os
 import re
+import shlex
 import subprocess
 import sys
 import tempfile
@@ -298,8 +299,9 @@ def read_op(summary, desc, params, ok, resp, extra=()):
 # idem_problem('<type>', ...) in its functions and in the functions they
 # call.
 
-SRC_DIRS = ["src/core", "src/transactional", "src/lease", "src/operations",
-            "src/dev"]
+def include_dirs():
+    """The -I flags of conf/build.conf, the module's own."""
+    return re.findall(r"[=\s](-I\S+)", read("conf/build.conf"))
 
 
 def c_tables():
@@ -314,15 +316,23 @@ def c_tables():
                  if f.endswith(".c"))
     with tempfile.TemporaryDirectory() as tmp:
         exe = os.path.join(tmp, "openapi-tables")
-        cmd = ([os.environ.get("CC", "cc"), "-std=c99", "-D_GNU_SOURCE", "-w",
-                "-I" + pg] + ["-I" + d for d in SRC_DIRS] +
+        cmd = (shlex.split(os.environ.get("CC", "cc")) +
+               ["-std=c99", "-D_GNU_SOURCE", "-w", "-I" + pg] +
+               sorted(set(include_dirs())) +
                ["-o", exe, "scripts/openapi-tables.c"] + ops +
                ["-no-pie", "-Wl,--unresolved-symbols=ignore-all"])
-        r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
-        if r.returncode != 0:
-            sys.exit("openapi.py: cannot build the tables' reader:\n" +
-                     r.stderr)
-        r = subprocess.run([exe], capture_output=True, text=True)
+        try:
+            r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
+            if r.returncode != 0:
+                sys.exit("openapi.py: cannot build scripts/openapi-tables.c "
+                         "with src/operations/ (its include directories are "
+                         "conf/build.conf's):\n" + r.stderr)
+            r = subprocess.run([exe], capture_output=True, text=True)
+        except OSError as e:
+            sys.exit(f"openapi.py: cannot build or run the tables' reader: {e}")
+        if r.returncode < 0:
+            sys.exit(f"openapi.py: the tables' reader died of signal "
+                     f"{-r.returncode}: a table points at something undefined")
         if r.returncode != 0:
             sys.exit("openapi.py: " + r.stderr.strip())
         return json.loads(r.stdout)
@@ -504,8 +514,11 @@ def operations():
                  "schema": schema,
                  "description": route["rule"][0].upper() + route["rule"][1:] +
                  "."}
-            # The problem of a read whose function answers NULL.
-            extra = [(["invalid-request"],), ([enums[route["not_found"]]],)]
+            # The problem of a read whose function answers NULL, unless
+            # it never does (PROBLEM_NONE).
+            extra = [(["invalid-request"],)]
+            if route["not_found"] >= 0:
+                extra.append(([enums[route["not_found"]]],))
             out[label] = read_op(route["summary"], route["doc"], [p],
                                  "The answer.", name, extra)
             continue
@@ -567,8 +580,11 @@ OPERATIONS.update({
                               "build lays the counters out otherwise: "
                               "retry (a failed scrape, not a counter "
                               "reset).",
-                              "headers": {"Retry-After": header(
-                                  "Retry-After", required=True)},
+                              "headers": {"Retry-After": {
+                                  "description": "Seconds to wait before "
+                                  "scraping again.", "required": True,
+                                  "schema": {"type": "string",
+                                             "pattern": "^[0-9]+$"}}},
                               "content": {"text/plain": {"schema": {
                                   "type": "string"}}}}},
     },

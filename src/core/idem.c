@@ -240,6 +240,10 @@ read_respond(struct http_request *req)
 	struct idem_request	*r = http_state_get(req);
 
 	if (db_call_rows(&r->db) == 0 || db_call_null(&r->db, 0)) {
+		if (r->op->read->not_found == PROBLEM_NONE) {
+			return (idem_fail(req, PROBLEM_INTERNAL, "%s answered "
+			    "nothing", r->op->read->sql));
+		}
 		return (idem_fail(req, r->op->read->not_found, "no %s '%s' of "
 		    "this client", r->op->read->arg, r->arg));
 	}

@@ -101,7 +101,11 @@ struct idem_operation {
 	const struct idem_read	*read;
 };
 
-/* A read: one SQL function of the client and one argument, by name. */
+/*
+ * A read: one SQL function of the client and one argument, by name.
+ * not_found is the problem of a NULL answer (a 404), or PROBLEM_NONE for a
+ * function that never answers NULL: if it ever does, that is a 500.
+ */
 struct idem_read {
 	const char	*sql;
 	const char	*arg;

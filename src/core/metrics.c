@@ -69,6 +69,9 @@ static u_int64_t	layout_of_build(void);
 static u_int64_t	layout_hash(u_int64_t, const void *, size_t);
 static int		current(void);
 
+static const char	unavailable[] = "the counters are another build's (a "
+    "reload in progress) or this build has more routes than they hold\n";
+
 static struct metrics_header	*header = NULL;
 static struct metrics_shared	*shared = NULL;
 static u_int64_t		layout = 0;
@@ -159,14 +162,15 @@ metrics_attach(void)
 	if ((anchor = kore_mem_lookup(METRICS_ANCHOR_TAG)) == NULL)
 		fatal("%s: the parent made no metrics mapping", __func__);
 
-	/* A reload cannot grow the table the parent routed. */
+	header = anchor->header;
+
+	/* A reload cannot grow the table past the room of the counters. */
 	if (idem_nroutes > ROUTE_MAX) {
 		kore_log(LOG_ERR, "metrics: %zu routes, room for %d: none are "
 		    "counted until a restart", idem_nroutes, ROUTE_MAX);
 		return;
 	}
 
-	header = anchor->header;
 	layout = layout_of_build();
 	shared = (struct metrics_shared *)(header + 1);
 
@@ -328,11 +332,12 @@ metrics_serve(struct http_request *req)
 	 * scrape of a reloaded worker as traffic: a failed scrape is honest.
 	 */
 	if (!current()) {
+		http_response_header(req, "content-type",
+		    "text/plain; charset=utf-8");
 		http_response_header(req, "retry-after", "1");
-		http_response(req, HTTP_STATUS_SERVICE_UNAVAILABLE,
-		    "counters of another build: this worker is reloading\n",
-		    52);
-		access_log_plain(req, "ok");
+		http_response(req, HTTP_STATUS_SERVICE_UNAVAILABLE, unavailable,
+		    sizeof(unavailable) - 1);
+		access_log_plain(req, "-");
 		return (KORE_RESULT_OK);
 	}
 

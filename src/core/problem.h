@@ -37,6 +37,9 @@
 #define PROBLEM_PROVIDER_RATE_LIMITED	25
 #define PROBLEM_MAX			26
 
+/* No problem: a read whose function never answers NULL (idem_read). */
+#define PROBLEM_NONE			(-1)
+
 #define PROBLEM_CONTENT_TYPE	"application/problem+json"
 #define JSON_CONTENT_TYPE	"application/json"
 

@@ -49,7 +49,7 @@ static const struct idem_read	bonus_balance_read = {
 	.parse = idem_path_arg,
 	.rule = "1 to 128 bytes of UTF-8 without control characters, "
 	    "percent-encoded (%XX; + is a plus)",
-	.not_found = PROBLEM_NOT_FOUND,
+	.not_found = PROBLEM_NONE,
 };
 
 const struct idem_operation	bonus_balance_operation = {

@@ -65,7 +65,7 @@ static const struct idem_read	order_list_read = {
 	.parse = customer_query,
 	.rule = "a query parameter of 1 to 128 bytes of UTF-8 without "
 	    "control characters",
-	.not_found = PROBLEM_NOT_FOUND,
+	.not_found = PROBLEM_NONE,
 };
 
 const struct idem_operation	order_list_operation = {
