@@ -142,7 +142,7 @@ def order(comment):
                 key=new_key("loop"))
 
 
-held = os.path.join(TMP, "devloop-build.pid")
+held_build = os.path.join(TMP, "devloop-build.pid")
 try:
     wait_until(lambda: run.proc.poll() is not None or answers(), "make run to serve",
                timeout=180)
@@ -219,7 +219,8 @@ try:
     wait_until(lambda: "build failed" in output(), "the broken build to be reported",
                timeout=90)
     t.eq(title(), "No such resource here", "a failed build leaves the old code serving")
-    t.ok("error" in output(), "and prints the compiler's errors")
+    t.ok("error:" in output().split("changed:")[-1], "and prints the compiler's errors",
+         output()[-1500:])
     edit("src/core/problem.c", '"No such resource here" !', '"No such resource again"')
     wait_until(lambda: title() == "No such resource again", "the fix to serve",
                timeout=90)
@@ -270,9 +271,9 @@ try:
     # A Ctrl-C during a build (below, in finally): the build is held in
     # scripts/openapi.py, which the build runs first, until it is killed.
     edit("scripts/openapi.py", "def main():\n",
-         f"def main():\n    open({held!r}, 'w').write(str(os.getpid()))\n"
+         f"def main():\n    open({held_build!r}, 'w').write(str(os.getpid()))\n"
          "    import time\n    time.sleep(600)\n")
-    wait_until(lambda: os.path.exists(held) and os.path.getsize(held) > 0,
+    wait_until(lambda: os.path.exists(held_build) and os.path.getsize(held_build) > 0,
                "the build to be held")
 finally:
     # Ctrl-C, typed in make run's terminal.
@@ -290,7 +291,7 @@ finally:
 
 t.ok(status == 0, "Ctrl-C during a build stops make run with exit status 0",
      f"status {status}\n" + output()[-1500:])
-t.ok(os.path.exists(held) and not alive(int(open(held).read() or 0)),
+t.ok(os.path.exists(held_build) and not alive(int(open(held_build).read() or 0)),
      "and the build with it")
 # The builds below are not held.
 shutil.copy2(os.path.join(ROOT, "scripts", "openapi.py"),
