@@ -27,13 +27,17 @@ const struct idem_field	payment_fields[PAYMENT_NFIELDS] = {
 	    "before the key is taken)." },
 };
 
+/* A payment as both its creation and its read answer it. */
+#define PAYMENT_MEMBERS							\
+	{ "payment_id",	FIELD_REF,	1, 0, "The payment." },		\
+	{ "charge_id",	FIELD_STRING,	1, 0, "The provider's charge." },	\
+	{ "status",	FIELD_STRING,	1, 0, "Always succeeded.",	\
+	    .values = "succeeded" },					\
+	{ "amount",	FIELD_AMOUNT,	1, 0, "Minor units." },		\
+	{ "currency",	FIELD_CURRENCY,	1, 0, "Its currency." }
+
 static const struct idem_field	payment_answer[] = {
-	{ "payment_id",	FIELD_REF,	1, 0, "The payment." },
-	{ "charge_id",	FIELD_STRING,	1, 0, "The provider's charge." },
-	{ "status",	FIELD_STRING,	1, 0, "Always succeeded.",
-	    .values = "succeeded" },
-	{ "amount",	FIELD_AMOUNT,	1, 0, "Minor units." },
-	{ "currency",	FIELD_CURRENCY,	1, 0, "Its currency." },
+	PAYMENT_MEMBERS,
 	{ NULL },
 };
 
@@ -46,12 +50,7 @@ static const struct idem_field	payment_refund[] = {
 };
 
 static const struct idem_field	payment_read_answer[] = {
-	{ "payment_id",	FIELD_REF,	1, 0, "The payment." },
-	{ "charge_id",	FIELD_STRING,	1, 0, "The provider's charge." },
-	{ "status",	FIELD_STRING,	1, 0, "Always succeeded.",
-	    .values = "succeeded" },
-	{ "amount",	FIELD_AMOUNT,	1, 0, "Minor units." },
-	{ "currency",	FIELD_CURRENCY,	1, 0, "Its currency." },
+	PAYMENT_MEMBERS,
 	{ "refunded",	FIELD_COUNT,	1, 0,
 	    "The sum of its succeeded refunds." },
 	{ "refunds",	FIELD_LIST,	1, 0, "Every refund, whatever its "
