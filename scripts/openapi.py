@@ -357,25 +357,57 @@ def problem_enums():
     return {int(n): names[name] for name, n in numbers if name in names}
 
 
+def sql_signature(params):
+    """A parameter list's types, as PostgreSQL tells overloads apart: modes,
+    names and defaults dropped; OUT parameters are not part of it."""
+    types, depth, part = [], 0, ""
+    for ch in params + ",":
+        depth += ch == "("
+        depth -= ch == ")"
+        if ch == "," and depth == 0:
+            words = re.sub(r"\s+(default\b|=).*$", "", part.strip(),
+                           flags=re.I | re.S).split()
+            mode = words[0].lower() if words else ""
+            if mode in ("in", "out", "inout", "variadic"):
+                words = words[1:]
+            if words and mode != "out":
+                types.append(" ".join(words[1:] if len(words) > 1
+                                      else words).lower())
+            part = ""
+        else:
+            part += ch
+    return tuple(types)
+
+
 def sql_functions():
-    """Every function the migrations define: name -> its bodies (every
-    overload, every definition); and the operations they register: name ->
-    (strategy, [functions]). Comments are dropped first, so that a
+    """Every function the migrations leave defined: name -> the bodies of
+    its overloads (a later definition of the same signature replaces the
+    earlier one, a drop removes it); and the operations they register:
+    name -> (strategy, [functions]). Comments are dropped first, so that a
     commented-out call counts for nothing."""
-    funcs, ops = {}, {}
+    defined, ops = {}, {}
     for f in sorted(os.listdir(os.path.join(ROOT, "sql"))):
         if not f.endswith(".sql"):
             continue
         text = read(os.path.join("sql", f))
         text = re.sub(r"/\*.*?\*/", "", text, flags=re.S)
         text = re.sub(r"--[^\n]*", "", text)
-        for m in re.finditer(r"\bcreate\s+(?:or\s+replace\s+)?function\s+"
-                             r"(?:public\.)?\"?(\w+)\"?\s*\(.*?"
-                             r"\bas\s+(\$\w*\$)(.*?)\2", text, re.S | re.I):
-            funcs.setdefault(m.group(1), []).append(m.group(3))
+        statements = re.finditer(
+            r"\bcreate\s+(?:or\s+replace\s+)?function\s+(?:public\.)?\"?(\w+)"
+            r"\"?\s*\((.*?)\)\s*returns\b.*?\bas\s+(\$\w*\$)(.*?)\3"
+            r"|\bdrop\s+function\s+(?:if\s+exists\s+)?(?:public\.)?\"?(\w+)"
+            r"\"?\s*\(([^)]*)\)", text, re.S | re.I)
+        for m in statements:
+            if m.group(1):
+                defined[(m.group(1), sql_signature(m.group(2)))] = m.group(4)
+            else:
+                defined.pop((m.group(5), sql_signature(m.group(6))), None)
         for m in re.finditer(r"idem_operation\(\s*'([^']+)',\s*'(\w+)',\s*"
                              r"'(\w+)'(?:,\s*'(\w+)')?\s*\)", text):
             ops[m.group(1)] = (m.group(2), [x for x in m.group(3, 4) if x])
+    funcs = {}
+    for (name, _), body in defined.items():
+        funcs.setdefault(name, []).append(body)
     return funcs, ops
 
 
