@@ -89,7 +89,6 @@ int
 main(void)
 {
 	const struct idem_operation	*op;
-	const struct idem_field		*f;
 	size_t				i, n;
 
 	printf("[");
@@ -150,11 +149,10 @@ main(void)
 			fields("fields", op->fields, op->nfields);
 		}
 
-		if (op->answer == NULL)
-			fail(idem_routes[i].label, "no answer table");
-		for (n = 0, f = op->answer; f->name != NULL; f++)
-			n++;
-		fields("answer", op->answer, n);
+		if (op->answer == NULL || op->nanswer == 0)
+			fail(idem_routes[i].label, "no answer table "
+			    "(IDEM_ANSWER)");
+		fields("answer", op->answer, op->nanswer);
 		printf("}");
 	}
 	printf("]\n");
@@ -165,8 +163,7 @@ main(void)
 static void
 fields(const char *member, const struct idem_field *f, size_t n)
 {
-	const struct idem_field	*it;
-	size_t			i, k;
+	size_t			i;
 
 	printf(",\"%s\":[", member);
 	for (i = 0; i < n; i++) {
@@ -178,14 +175,15 @@ fields(const char *member, const struct idem_field *f, size_t n)
 		string(f[i].doc);
 		printf(",\"values\":");
 		string(f[i].values);
+		if (f[i].name == NULL)
+			fail(member, "a row without a name");
 		if (f[i].kind == FIELD_LIST) {
-			if (f[i].items == NULL)
-				fail(f[i].name, "a FIELD_LIST without .items");
-			for (k = 0, it = f[i].items; it->name != NULL; it++)
-				k++;
+			if (f[i].items == NULL || f[i].nitems == 0)
+				fail(f[i].name, "a FIELD_LIST without its rows "
+				    "(IDEM_ITEMS)");
 			printf(",\"items\":{\"table\":\"%s.%s\"", member,
 			    f[i].name);
-			fields("rows", f[i].items, k);
+			fields("rows", f[i].items, f[i].nitems);
 			printf("}");
 		}
 		printf("}");

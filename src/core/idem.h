@@ -46,7 +46,7 @@
  *
  * In an answer, required 0 means the member may be null; values, if set,
  * lists what a string may be ("pending|succeeded"), and items is the table
- * of a FIELD_LIST's rows.
+ * of a FIELD_LIST's rows (IDEM_ITEMS).
  */
 struct idem_field {
 	const char		*name;
@@ -56,9 +56,14 @@ struct idem_field {
 	const char		*doc;
 	const char		*values;
 	const struct idem_field	*items;
+	size_t			nitems;
 };
 
-#define IDEM_FIELDS(t)		.fields = (t), .nfields = sizeof(t) / sizeof((t)[0])
+/* A table and its count, as members of an initializer. */
+#define IDEM_COUNT(t)		(sizeof(t) / sizeof((t)[0]))
+#define IDEM_FIELDS(t)		.fields = (t), .nfields = IDEM_COUNT(t)
+#define IDEM_ANSWER(t)		.answer = (t), .nanswer = IDEM_COUNT(t)
+#define IDEM_ITEMS(t)		.items = (t), .nitems = IDEM_COUNT(t)
 
 /*
  * The first states of every route's table (http_state_run): authenticate,
@@ -93,6 +98,7 @@ struct idem_operation {
 	const struct idem_field	*fields;
 	size_t			nfields;
 	const struct idem_field	*answer;
+	size_t			nanswer;
 	const char		*summary;
 	const char		*doc;
 	int			(*check)(struct json_value *, char *, size_t);

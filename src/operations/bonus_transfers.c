@@ -31,7 +31,6 @@ static const struct idem_field	transfer_answer[] = {
 	{ "from_balance",	FIELD_COUNT,	1, 0, "The giver's new balance." },
 	{ "to_balance",		FIELD_COUNT,	1, 0,
 	    "The receiver's new balance." },
-	{ NULL },
 };
 
 const struct idem_operation	bonus_transfer_operation = {
@@ -40,7 +39,7 @@ const struct idem_operation	bonus_transfer_operation = {
 	.doc = "Transactional: two ledger rows and both balances in one "
 	    "transaction; transfers in opposite directions never deadlock.",
 	IDEM_FIELDS(transfer_fields),
-	.answer = transfer_answer,
+	IDEM_ANSWER(transfer_answer),
 	.check = transfer_check,
 	.strategy = transactional_run,
 };

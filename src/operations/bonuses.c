@@ -23,7 +23,6 @@ static const struct idem_field	bonus_answer[] = {
 	{ "customer_id",	FIELD_ID,	1, 0, "The customer." },
 	{ "points",		FIELD_POINTS,	1, 0, "Points moved." },
 	{ "balance",		FIELD_COUNT,	1, 0, "The new balance." },
-	{ NULL },
 };
 
 const struct idem_operation	bonus_apply_operation = {
@@ -32,7 +31,7 @@ const struct idem_operation	bonus_apply_operation = {
 	.doc = "Transactional: a ledger row and the new balance. A balance "
 	    "that would go below zero or past 2^53-1 is a saved 422.",
 	IDEM_FIELDS(bonus_fields),
-	.answer = bonus_answer,
+	IDEM_ANSWER(bonus_answer),
 	.strategy = transactional_run,
 };
 
@@ -40,7 +39,6 @@ static const struct idem_field	balance_answer[] = {
 	{ "customer_id",	FIELD_ID,	1, 0, "The customer." },
 	{ "balance",		FIELD_COUNT,	1, 0,
 	    "0 for an unknown customer." },
-	{ NULL },
 };
 
 static const struct idem_read	bonus_balance_read = {
@@ -55,7 +53,7 @@ static const struct idem_read	bonus_balance_read = {
 const struct idem_operation	bonus_balance_operation = {
 	.summary = "A customer's bonus balance",
 	.doc = "The calling client's ledger only; 0 for an unknown customer.",
-	.answer = balance_answer,
+	IDEM_ANSWER(balance_answer),
 	.strategy = idem_read_run,
 	.read = &bonus_balance_read,
 };

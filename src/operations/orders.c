@@ -27,7 +27,6 @@ static const struct idem_field	order_answer[] = {
 	{ "currency",		FIELD_CURRENCY,	1, 0, "Its currency." },
 	{ "bonus_points",	FIELD_COUNT,	1, 0,
 	    "Points accrued: floor(amount / 100)." },
-	{ NULL },
 };
 
 const struct idem_operation	order_create_operation = {
@@ -38,7 +37,7 @@ const struct idem_operation	order_create_operation = {
 	    "duplicate waits for the first and is answered its response as a "
 	    "replay; no 409 on this route.",
 	IDEM_FIELDS(order_fields),
-	.answer = order_answer,
+	IDEM_ANSWER(order_answer),
 	.strategy = transactional_run,
 };
 
@@ -50,13 +49,11 @@ static const struct idem_field	order_item[] = {
 	{ "comment",		FIELD_TEXT,	0, 0, "Free text, or null." },
 	{ "bonus_points",	FIELD_COUNT,	1, 0, "Points accrued." },
 	{ "created_at",		FIELD_TIME,	1, 0, "When it was created." },
-	{ NULL },
 };
 
 static const struct idem_field	order_list_answer[] = {
 	{ "orders", FIELD_LIST, 1, 0, "The client's latest 100 orders of the "
-	    "customer, oldest first.", .items = order_item },
-	{ NULL },
+	    "customer, oldest first.", IDEM_ITEMS(order_item) },
 };
 
 static const struct idem_read	order_list_read = {
@@ -71,7 +68,7 @@ static const struct idem_read	order_list_read = {
 const struct idem_operation	order_list_operation = {
 	.summary = "List a customer's orders",
 	.doc = "The calling client's latest 100 orders of the customer.",
-	.answer = order_list_answer,
+	IDEM_ANSWER(order_list_answer),
 	.strategy = idem_read_run,
 	.read = &order_list_read,
 };

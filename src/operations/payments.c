@@ -38,7 +38,6 @@ const struct idem_field	payment_fields[PAYMENT_NFIELDS] = {
 
 static const struct idem_field	payment_answer[] = {
 	PAYMENT_MEMBERS,
-	{ NULL },
 };
 
 static const struct idem_field	payment_refund[] = {
@@ -46,7 +45,6 @@ static const struct idem_field	payment_refund[] = {
 	{ "amount",	FIELD_AMOUNT,	1, 0, "Minor units." },
 	{ "status",	FIELD_STRING,	1, 0, "Where it stands.",
 	    .values = "pending|succeeded|rejected" },
-	{ NULL },
 };
 
 static const struct idem_field	payment_read_answer[] = {
@@ -54,8 +52,7 @@ static const struct idem_field	payment_read_answer[] = {
 	{ "refunded",	FIELD_COUNT,	1, 0,
 	    "The sum of its succeeded refunds." },
 	{ "refunds",	FIELD_LIST,	1, 0, "Every refund, whatever its "
-	    "status.", .items = payment_refund },
-	{ NULL },
+	    "status.", IDEM_ITEMS(payment_refund) },
 };
 
 /* What the provider is sent is its table's (src/lease/provider.c). */
@@ -75,7 +72,7 @@ const struct idem_operation	payment_create_operation = {
 	    "released, so that a retry with the same key goes on; a decline "
 	    "(402) or a refusal (422 payment-rejected) is saved and replayed.",
 	IDEM_FIELDS(payment_fields),
-	.answer = payment_answer,
+	IDEM_ANSWER(payment_answer),
 	.check = payment_check,
 	.strategy = lease_run,
 	.call = &charge_call,
@@ -92,7 +89,7 @@ static const struct idem_read	payment_read = {
 const struct idem_operation	payment_read_operation = {
 	.summary = "A payment and its refunds",
 	.doc = "Only the calling client's payments.",
-	.answer = payment_read_answer,
+	IDEM_ANSWER(payment_read_answer),
 	.strategy = idem_read_run,
 	.read = &payment_read,
 };

@@ -33,7 +33,6 @@ static const struct idem_field	refund_answer[] = {
 	{ "amount",	FIELD_AMOUNT,	1, 0, "Minor units." },
 	{ "status",	FIELD_STRING,	1, 0, "Always succeeded.",
 	    .values = "succeeded" },
-	{ NULL },
 };
 
 /* What the provider is sent is its table's (src/lease/provider.c). */
@@ -52,7 +51,7 @@ const struct idem_operation	refund_create_operation = {
 	    "fail a 409 refund-in-progress with Retry-After; neither takes "
 	    "the key, nor does an unknown payment (404).",
 	IDEM_FIELDS(refund_fields),
-	.answer = refund_answer,
+	IDEM_ANSWER(refund_answer),
 	.strategy = lease_run,
 	.call = &refund_call,
 };
