@@ -4,12 +4,15 @@
  * request cut off before its answer is logged too (status=0). Fields:
  *
  *   time method path status client key outcome duration_ms replayed
+ *   request_id
  *
  * client is the client id the token authenticated, never the token; key
  * is the Idempotency-Key as the service read it (its RFC 8941 quotes
  * removed; "-" when it is missing or malformed); outcome is the metrics'
- * outcome (created, replayed, in_flight_409, ...). A field the request
- * never reached is "-".
+ * outcome (created, replayed, in_flight_409, ...); request_id is the
+ * X-Request-Id header the edge (haproxy, conf/haproxy.cfg) gave the
+ * request and logged, so that a line here is matched to the edge's. A
+ * field the request never reached, or a header it does not carry, is "-".
  *
  * Kore's own access log (the accesslog directive) has a fixed format and
  * knows none of the service's fields, hence this one. It goes to stdout
@@ -36,6 +39,7 @@ access_log(struct http_request *req, const char *client, const char *key,
 {
 	struct kore_buf		buf;
 	struct timespec		ts;
+	const char		*request_id;
 	struct tm		tm;
 	char			when[64];
 
@@ -59,6 +63,10 @@ access_log(struct http_request *req, const char *client, const char *key,
 	kore_buf_appendf(&buf, " duration_ms=%llu replayed=%s",
 	    (unsigned long long)(kore_time_ms() - started),
 	    replayed ? "true" : "false");
+	if (!http_request_header(req, "x-request-id", &request_id))
+		request_id = NULL;
+	kore_buf_append(&buf, " request_id=", 12);
+	append_value(&buf, request_id);
 
 	kore_log(LOG_INFO, "%s", kore_buf_stringify(&buf, NULL));
 	kore_buf_cleanup(&buf);

@@ -18,6 +18,7 @@
 #include "auth.h"
 #include "db.h"
 #include "docs.h"
+#include "framing.h"
 #include "jobs.h"
 #include "metrics.h"
 #include "problem.h"
@@ -127,6 +128,9 @@ kore_parent_configure(int argc, char **argv)
 		fatal("the configuration has neither an api nor a provider "
 		    "server block");
 	}
+
+	/* Every route, kore.conf's too: a body Kore would not read. */
+	framing_guard_routes();
 }
 
 /*

@@ -1,6 +1,7 @@
 """The API writes one logfmt access line per request (src/core/
 accesslog.c): time, method, path, status, client, key, outcome,
-duration_ms, replayed; never the token. The outcome is the metrics' one,
+duration_ms, replayed, request_id (the edge's X-Request-Id); never the
+token. The outcome is the metrics' one,
 refunds refused before their key is taken included; a malformed key is
 logged as "-", not the part of it read before the fault."""
 
@@ -43,8 +44,20 @@ got = wait_until(lambda: len(lines_of(key)) == 2 and lines_of(key),
                  "two access lines of the key")
 a, b = got
 t.eq(sorted(a), sorted(["time", "method", "path", "status", "client", "key",
-                        "outcome", "duration_ms", "replayed"]),
+                        "outcome", "duration_ms", "replayed", "request_id"]),
      "each line has every field")
+t.eq(a["request_id"], "-", "no X-Request-Id: request_id=-")
+
+# The edge's request id (haproxy's unique-id header), as received; a value
+# that could forge a field is quoted.
+for rid, logged in [("0a1b2c3d:4e5f-a", "0a1b2c3d:4e5f-a"),
+                    ('x" key=forged', '"x\\" key=forged"')]:
+    k = new_key("rid")
+    r = api.post("/v1/orders", order, key=k, headers={"X-Request-Id": rid})
+    t.eq(r.status, 201, f"an order with X-Request-Id {rid!r}")
+    l = wait_until(lambda: lines_of(k), "its line")[0]
+    t.eq((l["request_id"], l["key"]), (logged, k),
+         f"logged as request_id={logged}, nothing forged")
 t.ok(re.match(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z$", a["time"]),
      "time is RFC 3339 UTC", a["time"])
 t.eq((a["method"], a["path"], a["status"], a["client"], a["outcome"],
@@ -134,7 +147,7 @@ request(api.port, "GET", "/nowhere")
 wait_until(lambda: "path=/nowhere status=404" in api.read_log(),
            "the 404's line")
 t.ok(re.search(r"access time=\S+ method=GET path=/healthz status=200 client=- "
-               r"key=- outcome=ok duration_ms=\d+ replayed=false",
+               r"key=- outcome=ok duration_ms=\d+ replayed=false request_id=-",
                api.read_log()), "every request has its line, /healthz too")
 
 api.stop()
