@@ -23,6 +23,14 @@ CLUSTER_PROVIDER_PORT=${IDEM_PROVIDER_PORT:-8889}
 # haproxy's HTTPS, with a certificate from IDEM_TLS_CERT or from a local
 # CA made at the first start (cluster_tls).
 CLUSTER_TLS_PORT=${IDEM_TLS_PORT:-8443}
+# The address haproxy's two ports listen on (IDEM_BIND_ADDRESS; loopback
+# by default), and the one this script's own checks ask (loopback when
+# it listens on every address).
+CLUSTER_BIND_ADDRESS=${IDEM_BIND_ADDRESS:-127.0.0.1}
+case "$CLUSTER_BIND_ADDRESS" in
+0.0.0.0 | "*" | "::" | "[::]") CLUSTER_ASK_ADDRESS=127.0.0.1 ;;
+*) CLUSTER_ASK_ADDRESS=$CLUSTER_BIND_ADDRESS ;;
+esac
 CLUSTER_TLS_DIR=$CLUSTER_DIR/tls
 
 node_port() {
