@@ -1,11 +1,19 @@
 """make test-cluster: haproxy as the strict edge (conf/haproxy.cfg), over
-raw sockets, on its plain port and on its HTTPS port. What Kore 4.1's
-parser would let through (a NUL that cuts a key or a token, a second key
-or token past the 23rd header line) or answer bare (no Content-Length, a
-body over the limit) is refused before any instance sees it, with a
-problem+json body; nothing of it reaches the database. HTTPS: the chain
-verifies against the cluster's CA, HTTP/2 and HTTP/1.1 are offered, HSTS
-is set on its answers and not on plain HTTP's."""
+raw sockets, on its plain port and on its HTTPS port, and over HTTP/2
+with curl. What Kore 4.1's parser would let through (a NUL that cuts a
+key or a token, a second key or token past the 23rd header line, a body
+on a GET, DELETE or OPTIONS, which Kore took for the next request: a
+smuggled POST, at its 4 KiB read and past it) or answer bare (no
+Content-Length, a body over the limit, an empty header, a tab, a method
+it does not serve or one in lower case) is refused before any instance
+sees it, with a problem+json body; nothing of it reaches the database. A
+client next to a smuggler never gets the smuggler's answer. Over HTTP/2
+a refusal reaches curl whole while it still sends its body (it exited
+92). Every answer carries the edge's X-Request-Id, which the instance's
+access log records; the differential run (differential.py) checks it one
+to one over generated requests. HTTPS: the chain verifies against the
+cluster's CA, HTTP/2 and HTTP/1.1 are offered, HSTS is set on its
+answers and not on plain HTTP's."""
 
 import json
 import os
@@ -13,11 +21,13 @@ import socket
 import ssl
 import subprocess
 import sys
+import threading
 import time
 import uuid
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "lib"))
-from harness import Tap, sql_value  # noqa: E402
+from harness import Tap, sql_value, wait_until  # noqa: E402
+import differential  # noqa: E402
 
 PORT = int(os.environ["IDEM_PORT"])
 TLS_PORT = int(os.environ["IDEM_TLS_PORT"])
@@ -135,9 +145,58 @@ for tls in (False, True):
     problem(send(order(key("big"), extra=b"Content-Length: 70000\r\n", length=False,
                        body=b""), tls), 413, "body-too-large",
             f"{via}: a Content-Length over 64 KiB")
-    st, _, _, _ = send(order(key("cl2"), extra=b"Content-Length: 3\r\n"), tls)
-    t.eq(st, 400, f"{via}: two Content-Lengths that differ are refused"
-         " (haproxy 2.6's own page: docs/production.md)")
+    st, hd, body, _ = send(order(key("cl2"), extra=b"Content-Length: 3\r\n"), tls)
+    t.ok(st == 0 and body == b"", f"{via}: two Content-Lengths that differ: closed without"
+         " an answer (haproxy 2.6's own page has no HSTS: docs/production.md)",
+         f"{st} {hd} {body[:200]!r}")
+
+    # Methods as sent: Kore took "post" for POST, past the edge's POST rules.
+    for m in (b"post", b"PUT", b"DELETE", b"TRACE", b"OPTIONS"):
+        answer = send(order(key("m" + m.decode())).replace(b"POST ", m + b" ", 1), tls)
+        problem(answer, 405, "method-not-allowed", f"{via}: the method {m.decode()}")
+    t.eq(answer[1].get("allow"), "GET, POST", f"{via}: with Allow")
+
+    # Empty, tabbed or non-ASCII headers: Kore's bare 400.
+    problem(send(order(b"")), 400, "idempotency-key-malformed", f"{via}: an empty key")
+    problem(send(order(key("emptyauth"), auth=b""), tls), 401, "unauthorized",
+            f"{via}: an empty Authorization")
+    problem(send(order(key("empty"), extra=b"X-Note:\r\n"), tls), 400, "invalid-request",
+            f"{via}: an empty header")
+    problem(send(order(key("tab") + b"\tx"), tls), 400, "invalid-request",
+            f"{via}: a tab in Idempotency-Key")
+    problem(send(order(key("tab2"), extra=b"X-Note: a\tb\r\n"), tls), 400,
+            "invalid-request", f"{via}: a tab in another header")
+    problem(send(order(key("utf8"), extra=b"X-Note: caf\xc3\xa9\r\n"), tls), 400,
+            "invalid-request", f"{via}: a byte past ASCII in a header")
+
+    # Smuggling: a POST in the body of a GET, DELETE or OPTIONS, starting at
+    # Kore's 4 KiB read, across it, and past it. The edge refuses the body.
+    for m, slug, status in [(b"GET", "invalid-request", 400),
+                            (b"DELETE", "method-not-allowed", 405),
+                            (b"OPTIONS", "method-not-allowed", 405)]:
+        for at in (4096 - 40, 4096, 4096 + 40, 9000):
+            inner = order(key(f"smuggled-{m.decode()}-{at}"))
+            carrier = (m + b" /v1/bonuses/c-edge HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+                       b"Authorization: Bearer dev-shop-1\r\nContent-Length: 99999\r\n\r\n")
+            pad = at - len(carrier)
+            raw = carrier.replace(b"99999", b"%05d" % (pad + len(inner))) + b"z" * pad + inner
+            assert raw.index(b"POST /v1/orders") == at
+            problem(send(raw, tls), status, slug,
+                    f"{via}: a POST smuggled at byte {at} of a {m.decode()}'s body")
+
+    # The edge's request id: on the answer, never the client's own.
+    st, hd, _, _ = send(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+                        b"X-Request-Id: mine\r\nConnection: close\r\n\r\n", tls)
+    rid = hd.get("x-request-id", "")
+    t.ok(st == 200 and differential.UUID.match(rid),
+         f"{via}: the answer carries the edge's X-Request-Id, not the client's", f"{st} {hd}")
+    try:
+        wait_until(lambda: any(f"request_id={rid}" in line for line in
+                               differential.read_new({}, "api*.log")), "its access line")
+        seen = True
+    except TimeoutError:
+        seen = False
+    t.ok(seen, f"{via}: the instance's access line records it")
 
     # A Content-Length shorter than the body: the request is the declared
     # bytes, answered at once (Kore alone waited 60 s for the rest).
@@ -153,8 +212,129 @@ for tls in (False, True):
         st, hd, _, _ = send(order(key("hsts"), extra=b"Idempotency-Key: x\r\n"), tls)
         t.ok(st == 400 and hd.get("strict-transport-security", "").startswith("max-age="),
              "HTTPS: HSTS on the edge's own refusals too", f"{st} {hd}")
+        st, hd, _, _ = send(order(key("hsts405")).replace(b"POST ", b"post ", 1), tls)
+        t.ok(st == 405 and hd.get("strict-transport-security", "").startswith("max-age="),
+             "HTTPS: and on its 405", f"{st} {hd}")
+        st, hd, body, _ = send(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+                               b"Bad Name: x\r\n\r\n", tls)
+        t.ok(st == 0 and body == b"", "HTTPS: a head haproxy cannot parse is closed without"
+             " its HTML page (which had no HSTS)", f"{st} {hd} {body[:200]!r}")
 
     t.eq(keys_like(f"edge-{run}-"), 1, f"{via}: none of the refused requests left a key")
+
+
+# HTTP/2 (curl through TLS): each refusal whole, with HSTS, no key.
+def h2(args, body=None):
+    out = subprocess.run(["curl", "-s", "--http2", "--cacert", CA, "-D", "-",
+                          "-w", "\n%{http_version} %{http_code}", "--max-time", "30"] + args +
+                         ([f"--data-binary", "@-"] if body is not None else []),
+                         input=body or b"", capture_output=True, timeout=60)
+    text = out.stdout.decode(errors="replace")
+    head, _, rest = text.partition("\r\n\r\n")
+    doc_text, _, tail = rest.rpartition("\n")
+    try:
+        doc = json.loads(doc_text)
+    except ValueError:
+        doc = {}
+    return out.returncode, tail, head.lower(), doc
+
+
+run = uuid.uuid4().hex[:8]
+URL = f"https://127.0.0.1:{TLS_PORT}"
+AUTH = ["-H", "Authorization: Bearer dev-shop-1", "-H", "Content-Type: application/json"]
+big = b'{"customer_id":"c-edge","amount":1000,"currency":"RUB","pad":"'
+big += b"x" * (65536 - len(big) - 2) + b'"}'
+for what, args, body, status, slug in [
+        ("a GET with a smuggled POST in its body", AUTH + ["-X", "GET", f"{URL}/v1/bonuses/c"],
+         b"z" * 4000 + order(f"edge-{run}-h2smuggled".encode()), 400, "invalid-request"),
+        ("a DELETE with a body", AUTH + ["-X", "DELETE", f"{URL}/v1/orders"],
+         order(f"edge-{run}-h2delete".encode()), 405, "method-not-allowed"),
+        ("a lower-case post", AUTH + ["-X", "post", "-H", f"Idempotency-Key: edge-{run}-h2lc",
+                                      f"{URL}/v1/orders"], BODY, 405, "method-not-allowed"),
+        ("an empty key", AUTH + ["-H", "Idempotency-Key;", f"{URL}/v1/orders"], BODY, 400,
+         "idempotency-key-malformed"),
+        ("two tokens, with 64 KiB of body still coming (curl exited 92)",
+         AUTH + ["-H", "Authorization: Bearer dev-shop-2",
+                 "-H", f"Idempotency-Key: edge-{run}-h2auth", f"{URL}/v1/orders"],
+         big, 401, "unauthorized")]:
+    rc, tail, head, doc = h2(args, body)
+    t.ok(rc == 0 and tail == f"2 {status}" and doc.get("type") == f"{PUBLIC}/problems/{slug}"
+         and "content-type: application/problem+json" in head
+         and "strict-transport-security: max-age=" in head,
+         f"HTTP/2: {what}: {status} {slug} as problem+json, with HSTS",
+         f"curl exit {rc}, {tail!r}, {head!r}, {doc}")
+t.eq(keys_like(f"edge-{run}-"), 0, "HTTP/2: none of them left a key")
+
+# Desync: while a smuggler sends POSTs in GET bodies on its own keep-alive
+# connection, a client next to it reads its own balance over and over; it
+# gets its own answers only, never the smuggler's.
+victim = f"c-victim-{run}"
+stop = threading.Event()
+smuggler_answers = []
+
+
+def smuggle():
+    n = 0
+    while not stop.is_set():
+        n += 1
+        inner = (b"POST /v1/bonuses HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+                 b"Authorization: Bearer dev-shop-2\r\nIdempotency-Key: edge-" +
+                 run.encode() + b"-desync-%d\r\nContent-Type: application/json\r\n" % n)
+        body = b'{"customer_id":"c-smuggler","amount":100}'
+        inner += b"Content-Length: %d\r\n\r\n" % len(body) + body
+        raw = (b"GET /v1/bonuses/c-smuggler HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+               b"Authorization: Bearer dev-shop-2\r\nContent-Length: %d\r\n\r\n"
+               % (4000 + len(inner)) + b"z" * 4000 + inner)
+        smuggler_answers.append(send(raw)[0])
+
+
+victim_answers = []
+
+
+def read_own():
+    s = connect(False)
+    f = s.makefile("rb")
+    try:
+        for _ in range(60):
+            s.sendall(f"GET /v1/bonuses/{victim} HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+                      "Authorization: Bearer dev-shop-1\r\n\r\n".encode())
+            status = int(f.readline().split()[1])
+            length = 0
+            while True:
+                line = f.readline()
+                if line in (b"\r\n", b""):
+                    break
+                k, _, v = line.partition(b":")
+                if k.strip().lower() == b"content-length":
+                    length = int(v)
+            victim_answers.append((status, f.read(length)))
+    finally:
+        s.close()
+
+
+th = [threading.Thread(target=smuggle) for _ in range(2)]
+for x in th:
+    x.start()
+read_own()
+stop.set()
+for x in th:
+    x.join()
+own = [json.loads(b).get("customer_id") == victim and st == 200 for st, b in victim_answers]
+t.ok(len(own) == 60 and all(own), "desync: the client next to a smuggler gets its own"
+     " answers only (60 of 60)", repr([a for a, ok in zip(victim_answers, own) if not ok][:3]))
+t.ok(smuggler_answers and set(smuggler_answers) == {400},
+     f"desync: each of the smuggler's {len(smuggler_answers)} requests refused at the edge",
+     repr(set(smuggler_answers)))
+t.eq(keys_like(f"edge-{run}-desync-"), 0, "desync: none of the smuggled requests ran")
+
+# The differential run: generated requests through the edge, the edge's
+# log against the instances' access logs and the keys.
+seed = int(os.environ.get("IDEM_EDGE_SEED", str(int(time.time()))))
+cases = int(os.environ.get("IDEM_EDGE_CASES", "1500"))
+fails, stats = differential.run(cases, seed, extra=differential.REGRESSIONS)
+t.ok(not fails, f"differential, seed {seed}: {stats['cases']} cases, {stats['forwarded']}"
+     f" forwarded, each handled once under the edge's id, no key the edge refused",
+     "\n".join(fails[:20]))
 
 # HTTPS itself.
 out = subprocess.run(["curl", "-s", "--cacert", CA, "-o", "/dev/null", "-D", "-",
