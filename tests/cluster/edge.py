@@ -177,7 +177,8 @@ for tls in (False, True):
         for at in (4096 - 40, 4096, 4096 + 40, 9000):
             inner = order(key(f"smuggled-{m.decode()}-{at}"))
             carrier = (m + b" /v1/bonuses/c-edge HTTP/1.1\r\nHost: 127.0.0.1\r\n"
-                       b"Authorization: Bearer dev-shop-1\r\nContent-Length: 99999\r\n\r\n")
+                       b"Authorization: Bearer dev-shop-1\r\nConnection: close\r\n"
+                       b"Content-Length: 99999\r\n\r\n")
             pad = at - len(carrier)
             raw = carrier.replace(b"99999", b"%05d" % (pad + len(inner))) + b"z" * pad + inner
             assert raw.index(b"POST /v1/orders") == at
@@ -283,8 +284,8 @@ def smuggle():
         body = b'{"customer_id":"c-smuggler","amount":100}'
         inner += b"Content-Length: %d\r\n\r\n" % len(body) + body
         raw = (b"GET /v1/bonuses/c-smuggler HTTP/1.1\r\nHost: 127.0.0.1\r\n"
-               b"Authorization: Bearer dev-shop-2\r\nContent-Length: %d\r\n\r\n"
-               % (4000 + len(inner)) + b"z" * 4000 + inner)
+               b"Authorization: Bearer dev-shop-2\r\nConnection: close\r\n"
+               b"Content-Length: %d\r\n\r\n" % (4000 + len(inner)) + b"z" * 4000 + inner)
         smuggler_answers.append(send(raw)[0])
 
 
