@@ -11,11 +11,12 @@ on a GET is served and the connection kept."""
 
 import json
 import os
+import signal
 import socket
 import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "lib"))
-from harness import Api, Tap, new_key, sql_value, quote  # noqa: E402
+from harness import Api, Tap, new_key, sql_value, quote, wait_until  # noqa: E402
 
 t = Tap()
 api = Api(name="smuggle").start()
@@ -184,6 +185,20 @@ t.ok(first is not None and first[0] == 200 and first[1].get("connection") != "cl
      "a GET with Content-Length: 0 is served, the connection kept", repr(first))
 t.ok(second is not None and second[0] == 201 and key_taken(key) == 1,
      "and the next request on it is served", repr(second))
+
+# 5. After a reload (SIGHUP: the module loaded again, Kore looks the
+# check up again by its name), the same: refused, closed, never run.
+os.kill(api.proc.pid, signal.SIGHUP)
+wait_until(lambda: api.read_log().count("reloaded '") >= 2, "both workers to reload",
+           timeout=HANG)
+key = new_key("smuggle-reload")
+smuggled = order(key)
+pad = 4096 - len(head(b"GET", b"/healthz", 1000 + len(smuggled)))
+with socket.create_connection(("127.0.0.1", api.port), timeout=HANG) as s:
+    s.sendall(head(b"GET", b"/healthz", pad + len(smuggled)) + b"z" * pad + smuggled)
+    got, closed = read_to_close(s)
+refused_and_closed(got, closed, "after a reload, a GET /healthz carrying a POST")
+t.eq(key_taken(key), 0, "after a reload: the smuggled order never ran")
 
 api.stop()
 t.done()
