@@ -2,7 +2,7 @@
 # machine lacks (as root) before it builds.
 
 .PHONY: all build prod run demo test test-sanitize soak fuzz db stop reset api provider bench bench-schema deps clean \
-	cluster cluster-failover cluster-reset test-cluster
+	cluster cluster-failover cluster-reset test-cluster test-upgrade
 
 all: build
 
@@ -70,3 +70,6 @@ cluster-reset:
 
 test-cluster:
 	@scripts/test-cluster
+
+test-upgrade:
+	@scripts/test-upgrade
