@@ -75,7 +75,7 @@ lock = threading.Lock()
 keys = {}               # key -> (kind, path, body)
 finals = {}             # key -> the final Answer the load got
 cut = set()             # keys the load left after a cut answer
-stops = []              # (time, instance) of each stop
+stops = []              # (from, to, instance): SIGTERM sent to its processes gone
 numbers = itertools.count()
 stop_load = threading.Event()
 
@@ -251,10 +251,20 @@ def migrate():
 
 def replace(i):
     old = instance_pid(i)
+    try:
+        with open(f"/proc/{old}/task/{old}/children") as f:
+            processes = [old] + [int(p) for p in f.read().split()]
+    except OSError:
+        processes = [old]
     new_conf(i)
-    stops.append((now(), i))
     log(f"api{i}: SIGTERM to its parent (pid {old}, {os.path.basename(build_of(old) or '?')})")
+    sent = now()
     os.kill(old, signal.SIGTERM)
+    # Until its last worker is gone, a request accepted there may be cut.
+    wait_until(lambda: not any(alive(p) for p in processes),
+               f"api{i}'s processes to end", 60, 0.01)
+    stops.append((sent, now(), i))
+    log(f"api{i}: its processes ended ({now() - sent:.2f} s)")
 
     def replaced():
         pid = instance_pid(i)
@@ -300,7 +310,7 @@ def main():
 
 
 def in_flight_at_a_stop(a):
-    return any(a.start <= s <= a.end for s, _ in stops)
+    return any(a.start <= to and a.end >= since for since, to, _ in stops)
 
 
 def check():
@@ -309,6 +319,10 @@ def check():
 
     statuses = collections.Counter((a.status, problem(a)) for a in answers)
     log(f"answers (status, problem+json): {dict(statuses)}")
+    for a in answers:
+        if a.status is None or not (a.status == 201 or problem(a)):
+            log(f"cut: {a.key} {a.status} sent at {a.start:.2f} s, ended {a.end:.2f} s")
+    log("stops: " + ", ".join(f"api{i} {since:.2f}-{to:.2f} s" for since, to, i in stops))
     wrong = [a for a in answers if a.status != 201 and not retryable(a)
              and not ((a.status is None or (a.status == 502 and not problem(a)))
                       and in_flight_at_a_stop(a))]
