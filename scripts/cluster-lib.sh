@@ -263,7 +263,7 @@ node_start() {
 # data (the dev clients' tokens), through the multi-host URL.
 cluster_schema() {
 	local url
-	url="host=127.0.0.1 port=$(node_port "$(cluster_primary)") dbname=idem user=$PG_SUPERUSER sslmode=disable"
+	url="host=127.0.0.1 port=$(node_port "$(writable_node)") dbname=idem user=$PG_SUPERUSER sslmode=disable"
 	psql "$url" -XAtq -v ON_ERROR_STOP=1 <<-'EOF'
 	select 'create role idem login'
 	 where not exists (select 1 from pg_roles where rolname = 'idem')
@@ -359,6 +359,18 @@ drop_lost_nodes() {
 	done
 }
 
+# The node whose PostgreSQL takes writes now (as primary, wait_primary or
+# single), by asking each; none when neither does.
+writable_node() {
+	local n
+	for n in $CLUSTER_NODES; do
+		[ "$(psql "host=127.0.0.1 port=$(node_port "$n") dbname=postgres user=$PG_SUPERUSER sslmode=disable connect_timeout=2" \
+		    -XAtc "select not pg_is_in_recovery()" 2>/dev/null)" = t ] &&
+		    { echo "$n"; return 0; }
+	done
+	return 0
+}
+
 # Waits (120 s at most) for a node's PostgreSQL to take writes, saying
 # what it waits for every 10 s; 1 if it did not.
 wait_serving() {
@@ -414,17 +426,30 @@ cluster_databases_start() {
 		fi
 		node_start node2
 	fi
-	local i p
+	# Settled: a primary and a secondary, each in the state the monitor
+	# wants, each seen up by the monitor's health checks. A start that
+	# went on at the first primary met the monitor's next health check,
+	# which had not seen the standby up yet: it moved the primary to
+	# wait_primary for a moment, and the migrations found no primary.
+	local i
 	for i in $(seq 1 240); do
-		p=$(cluster_primary)
-		if [ -n "$p" ] && [ "$(node_state node1)" != "$(node_state node2)" ] &&
-		    { [ "$(node_state node1)" = secondary ] ||
-		      [ "$(node_state node2)" = secondary ]; }; then
-			break
-		fi
+		[ "$(monitor_sql "select string_agg(reportedstate::text, ','
+		    order by reportedstate::text) from pgautofailover.node
+		    where reportedstate = goalstate and health = 1")" = \
+		    primary,secondary ] && break
 		sleep 0.5
 	done
-	[ -n "$(cluster_primary)" ] || { echo "no primary" >&2; return 1; }
+	if [ -z "$(writable_node)" ]; then
+		# What the monitor has, and its last decisions: the reason.
+		echo "no primary; the monitor's nodes and last events:" >&2
+		monitor_sql "select nodename, reportedstate, goalstate, health,
+		    replicationquorum, candidatepriority from pgautofailover.node
+		    order by nodename" >&2 || true
+		monitor_sql "select * from (select eventtime::time(0), nodename,
+		    description from pgautofailover.event order by eventid desc
+		    limit 12) e order by 1" >&2 || true
+		return 1
+	fi
 	cluster_start "$CLUSTER_DIR/provider-db" "$CLUSTER_PROVIDER_PGPORT"
 }
 
