@@ -333,6 +333,9 @@ def check():
     # their order's transaction rolled back), with no retry of a client:
     # the recovery job finishes every payment in progress.
     started = now()
+    log("keys in progress when the load ended: " + sql_value(
+        "select count(*) from idempotency_keys where status = 'in_progress'"
+        f" and idem_key like {quote(RUN + '-%')}"))
 
     def none_in_progress():
         return sql_value("select count(*) from idempotency_keys where status ="
