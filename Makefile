@@ -2,7 +2,7 @@
 # machine lacks (as root) before it builds.
 
 .PHONY: all build prod run demo test test-sanitize soak fuzz db stop reset api provider bench bench-schema deps clean \
-	cluster cluster-failover cluster-reset test-cluster test-edge
+	cluster cluster-failover cluster-reset test-cluster test-edge test-upgrade
 
 all: build
 
@@ -75,3 +75,6 @@ test-cluster:
 # its differential run 20,000 cases long (IDEM_EDGE_CASES, IDEM_EDGE_SEED).
 test-edge:
 	@IDEM_TEST_EDGE_ONLY=1 IDEM_EDGE_CASES=$${IDEM_EDGE_CASES:-20000} scripts/test-cluster
+
+test-upgrade:
+	@scripts/test-upgrade

@@ -182,6 +182,18 @@ autoctl_crash() {
 	rm -f "$CLUSTER_DIR/$1.pgid"
 }
 
+# Sends signal $2 to the postmaster of service $1 (the monitor or a node),
+# if one runs (its pid is the first line of postmaster.pid).
+postmaster_signal() {
+	local pid
+	pid=$(head -n 1 "$CLUSTER_DIR/$1/postmaster.pid" 2>/dev/null) || return 0
+	[ -n "$pid" ] || return 0
+	# That pid, if the file is stale, may be another's process now.
+	tr '\0' ' ' < "/proc/$pid/cmdline" 2>/dev/null |
+	    grep -qF -- "-D $CLUSTER_DIR/$1 " || return 0
+	kill "-$2" "$pid" 2>/dev/null || true
+}
+
 # True while the process group saved by autoctl_start has a process.
 autoctl_running() {
 	local pgid
@@ -235,6 +247,12 @@ monitor_admin() {
 node_start() {
 	local name=$1 d=$CLUSTER_DIR/$1
 	if [ ! -f "$d/PG_VERSION" ]; then
+		# What pg_autoctl kept of a node whose data is gone (a lost
+		# disk, a create cut short): its state file made the create
+		# refuse ("the state file exists and there's no init in
+		# progress"), for ever.
+		rm -rf "$d" "$CLUSTER_DIR/home/.local/share/pg_autoctl$d" \
+		    "$CLUSTER_DIR/home/.config/pg_autoctl$d"
 		autoctl create postgres --pgdata "$d" --pgport "$(node_port "$name")" \
 		    --hostname 127.0.0.1 --listen 127.0.0.1 --name "$name" \
 		    --dbname idem --auth trust --no-ssl \
@@ -253,7 +271,7 @@ node_start() {
 # data (the dev clients' tokens), through the multi-host URL.
 cluster_schema() {
 	local url
-	url="host=127.0.0.1 port=$(node_port "$(cluster_primary)") dbname=idem user=$PG_SUPERUSER sslmode=disable"
+	url="host=127.0.0.1 port=$(node_port "$(writable_node)") dbname=idem user=$PG_SUPERUSER sslmode=disable"
 	psql "$url" -XAtq -v ON_ERROR_STOP=1 <<-'EOF'
 	select 'create role idem login'
 	 where not exists (select 1 from pg_roles where rolname = 'idem')
@@ -285,10 +303,80 @@ cluster_nodes_restart() {
 	[ -n "$first" ] || first=node1
 	if [ "$first" = node1 ]; then second=node2; else second=node1; fi
 	echo "starting $first first (the monitor's primary), then $second"
+	monitor_sees_down
 	node_start "$first"
 	wait_serving "$first" ||
 	    echo "$first does not serve as the primary yet; starting $second"
 	node_start "$second"
+}
+
+# Waits until the monitor's own health checks, made since it started, have
+# found down each node whose pg_autoctl is not running (120 s at most; with
+# pg_auto_failover's defaults it takes about 10 s). Until then its table
+# holds what it knew before the stop: a standby stopped a moment before
+# the monitor still reads healthy and running there. A primary that starts
+# first reports its PostgreSQL not running yet, and the monitor, taking
+# the stale standby for a healthy candidate, began a failover to it (a
+# node not started): the start then ended with no primary ("make cluster,
+# kill -9 of an API parent, make cluster-failover, a stop, make cluster":
+# 2 runs of 2). A node found down is no candidate, and the primary keeps
+# its role.
+monitor_sees_down() {
+	local n names="" i
+	for n in $CLUSTER_NODES; do
+		autoctl_running "$n" || names="$names, '$n'"
+	done
+	[ -n "$names" ] || return 0
+	for i in $(seq 1 240); do
+		[ "$(monitor_sql "select count(*) from pgautofailover.node
+		    where nodename in (${names#, }) and not (health = 0 and
+		    healthchecktime > pg_postmaster_start_time())")" = 0 ] &&
+		    return 0
+		[ $((i % 20)) -ne 0 ] || echo "waiting for the monitor to see" \
+		    "${names#, } down before they start"
+		sleep 0.5
+	done
+	# Not a reason to give up the start: the old order, at worst.
+	echo "the monitor did not see ${names#, } down within 120 s;" \
+	    "starting them anyway" >&2
+}
+
+# A node whose data is gone (its disk lost, or deleted by hand) that the
+# monitor still lists: dropped from it, so that the other node serves
+# alone (single, promoted if it was the standby: it is synchronous, it
+# has every acknowledged commit), and the lost one is made anew as its
+# standby. Without the drop, the survivor waited for a peer that would
+# never report, and a new node1 could not register under its old name.
+drop_lost_nodes() {
+	local n
+	for n in $CLUSTER_NODES; do
+		[ ! -f "$CLUSTER_DIR/$n/PG_VERSION" ] || continue
+		[ -n "$(monitor_sql "select 1 from pgautofailover.node
+		    where nodename = '$n'")" ] || continue
+		echo "$n has no data (lost); dropping it from the monitor," \
+		    "it is made anew as the standby"
+		! autoctl_running "$n" || autoctl_crash "$n"
+		autoctl drop node --monitor "$(monitor_url)" --formation default \
+		    --name "$n" --force >> "$CLUSTER_DIR/$n.log" 2>&1 || true
+		if [ -n "$(monitor_sql "select 1 from pgautofailover.node
+		    where nodename = '$n'")" ]; then
+			echo "the monitor still lists $n (see $CLUSTER_DIR/$n.log)" >&2
+			return 1
+		fi
+		rm -rf "${CLUSTER_DIR:?}/$n"
+	done
+}
+
+# The node whose PostgreSQL takes writes now (as primary, wait_primary or
+# single), by asking each; none when neither does.
+writable_node() {
+	local n
+	for n in $CLUSTER_NODES; do
+		[ "$(psql "host=127.0.0.1 port=$(node_port "$n") dbname=postgres user=$PG_SUPERUSER sslmode=disable connect_timeout=2" \
+		    -XAtc "select not pg_is_in_recovery()" 2>/dev/null)" = t ] &&
+		    { echo "$n"; return 0; }
+	done
+	return 0
 }
 
 # Waits (120 s at most) for a node's PostgreSQL to take writes, saying
@@ -319,15 +407,26 @@ cluster_databases_start() {
 	fi
 
 	monitor_start
+	drop_lost_nodes
 	if [ -f "$CLUSTER_DIR/node1/PG_VERSION" ] &&
 	    [ -f "$CLUSTER_DIR/node2/PG_VERSION" ]; then
 		cluster_nodes_restart
-	elif [ -f "$CLUSTER_DIR/node2/PG_VERSION" ]; then
-		# node1 was lost (scripts/cluster-node drop): node2 serves,
-		# and node1 is made anew as its standby.
-		node_start node2
-		wait_serving node2
-		node_start node1
+	elif [ -f "$CLUSTER_DIR/node1/PG_VERSION" ] ||
+	    [ -f "$CLUSTER_DIR/node2/PG_VERSION" ]; then
+		# One node was lost (scripts/cluster-node drop, or its data
+		# deleted): the other serves, and the lost one is made anew as
+		# its standby.
+		local first second
+		if [ -f "$CLUSTER_DIR/node1/PG_VERSION" ]; then
+			first=node1 second=node2
+		else
+			first=node2 second=node1
+		fi
+		monitor_sees_down
+		node_start "$first"
+		wait_serving "$first" ||
+		    { echo "$first does not serve as the primary" >&2; return 1; }
+		node_start "$second"
 	else
 		node_start node1
 		if [ ! -f "$CLUSTER_DIR/node2/PG_VERSION" ]; then
@@ -335,17 +434,30 @@ cluster_databases_start() {
 		fi
 		node_start node2
 	fi
-	local i p
+	# Settled: a primary and a secondary, each in the state the monitor
+	# wants, each seen up by the monitor's health checks. A start that
+	# went on at the first primary met the monitor's next health check,
+	# which had not seen the standby up yet: it moved the primary to
+	# wait_primary for a moment, and the migrations found no primary.
+	local i
 	for i in $(seq 1 240); do
-		p=$(cluster_primary)
-		if [ -n "$p" ] && [ "$(node_state node1)" != "$(node_state node2)" ] &&
-		    { [ "$(node_state node1)" = secondary ] ||
-		      [ "$(node_state node2)" = secondary ]; }; then
-			break
-		fi
+		[ "$(monitor_sql "select string_agg(reportedstate::text, ','
+		    order by reportedstate::text) from pgautofailover.node
+		    where reportedstate = goalstate and health = 1")" = \
+		    primary,secondary ] && break
 		sleep 0.5
 	done
-	[ -n "$(cluster_primary)" ] || { echo "no primary" >&2; return 1; }
+	if [ -z "$(writable_node)" ]; then
+		# What the monitor has, and its last decisions: the reason.
+		echo "no primary; the monitor's nodes and last events:" >&2
+		monitor_sql "select nodename, reportedstate, goalstate, health,
+		    replicationquorum, candidatepriority from pgautofailover.node
+		    order by nodename" >&2 || true
+		monitor_sql "select * from (select eventtime::time(0), nodename,
+		    description from pgautofailover.event order by eventid desc
+		    limit 12) e order by 1" >&2 || true
+		return 1
+	fi
 	cluster_start "$CLUSTER_DIR/provider-db" "$CLUSTER_PROVIDER_PGPORT"
 }
 
@@ -369,11 +481,21 @@ cluster_databases_stop() {
 		autoctl_running "$name" || continue
 		pgid=$(cat "$CLUSTER_DIR/$name.pgid")
 		kill -TERM -- "-$pgid" 2>/dev/null || true
+		# SIGTERM reached the postmaster too, in the group: a smart
+		# shutdown, which waits for every client to leave. A client
+		# that stays (make cluster-failover's pg_autoctl listening to
+		# the monitor for a minute, an operator's psql) held it past the
+		# bound below, and the SIGKILL of the group then left the
+		# postmaster's children (each in a session of its own), holding
+		# its shared memory: no later start of that node could start
+		# PostgreSQL. SIGINT is the fast shutdown, clients cut.
+		postmaster_signal "$name" INT
 		for i in $(seq 1 60); do
 			autoctl_running "$name" || break
 			sleep 0.5
 		done
-		! autoctl_running "$name" || kill -KILL -- "-$pgid" 2>/dev/null || true
+		# Still there after 30 s: the whole tree, backends included.
+		! autoctl_running "$name" || autoctl_crash "$name"
 		rm -f "$CLUSTER_DIR/$name.pgid"
 	done
 	cluster_stop "$CLUSTER_DIR/provider-db"
