@@ -474,9 +474,11 @@ db_call_step(struct db_call *c, const char *query, int nparams,
 			 * attempt fails it at once, a made one serves it).
 			 */
 			if (pool->failing && pool_open_count(pool) == 0) {
-				if (pool->cause == CAUSE_MISCONFIGURED) {
+				/* Or no address: its name did not resolve. */
+				if (pool->cause == CAUSE_MISCONFIGURED ||
+				    ntargets == 0) {
 					c->refused = 1;
-					c->error = DB_ERROR_MISCONFIGURED;
+					c->error = pool->cause;
 					call_message(c, pool->why);
 					return (call_fail(c));
 				}
