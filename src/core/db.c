@@ -989,6 +989,10 @@ conn_start(struct db_conn *conn)
 	const char		*values[2];
 	char			*dsn;
 
+	/* No address yet (its name not resolved): db_tick() starts it. */
+	if (ntargets == 0)
+		return;
+
 	/* A new attempt starts where the last connection was made. */
 	if (conn->fresh) {
 		conn->fresh = 0;

@@ -6,6 +6,10 @@
   and answered as a retryable 503, inviting retries that can never
   succeed. Only the plan cache's 0A000 ("cached plan must not change
   result type", told by the function that raised it) is stale.
+- The warning of a commit whose wait for the synchronous standby was
+  cancelled was recognised by its English words: a server speaking
+  another language had it answered 201, a success a failover can lose.
+  It is now told by the function that raised it (SyncRepWaitForLSN).
 - A connection closed at its drain bound (its client left, its backend
   did not answer) was made again at once, while its backend could still
   be there: more backends than the pool holds.
@@ -18,8 +22,8 @@ import sys
 import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "lib"))
-from harness import (DB_URL, Api, PsqlSession, Tap, get, new_key, quote,  # noqa: E402
-                     sql, sql_value, wait_until)
+from harness import (DB_URL, Api, Background, PsqlSession, Tap, get,  # noqa: E402
+                     new_key, quote, sql, sql_value, wait_until)
 
 t = Tap()
 CONN_MAX = 4
@@ -123,6 +127,54 @@ def drained_connection_not_remade_at_once():
     api.stop()
 
 
+# --- an unconfirmed commit, said in German --------------------------------
+
+def sync_rep(names):
+    sql(f"alter system set synchronous_standby_names = {quote(names)}")
+    sql("select pg_reload_conf()")
+    wait_until(lambda: (sql_value("show synchronous_standby_names") or "") == names,
+               "the setting to apply")
+
+
+def waiting_for_standby():
+    return int(sql_value("select count(*) from pg_stat_activity"
+                         " where wait_event = 'SyncRep'"))
+
+
+def unconfirmed_in_german():
+    try:
+        sql("set lc_messages = 'de_DE.UTF-8'")
+    except Exception:
+        t.ok(True, "# SKIP no de_DE.UTF-8 locale (scripts/deps makes it as root)")
+        return
+    app = "api-german"
+    api = Api(name=app, conf_extra=["workers 1", f"pgsql_conn_max {CONN_MAX}"],
+              IDEM_DB_TIMEOUT_MS=5000)
+    api.env["IDEM_DATABASE_URL"] = (DB_URL + f" application_name={app}"
+                                    " options='-c lc_messages=de_DE.UTF-8'")
+    api.start()
+    key = new_key("german")
+    body = {"customer_id": "c-german", "amount": 100, "currency": "RUB"}
+    sync_rep("idem_test_no_such_standby")
+    try:
+        pending = Background(api.post, "/v1/orders", body, key=key, timeout=30)
+        wait_until(lambda: waiting_for_standby() == 1, "the commit to wait for the standby")
+        sql("select pg_cancel_backend(pid) from pg_stat_activity where wait_event = 'SyncRep'")
+        r = pending.wait(30)
+    finally:
+        sync_rep("")
+    t.ok(r.status == 503 and r.headers.get("retry-after") == "1"
+         and "could not confirm" in r.json().get("detail", ""),
+         "a commit whose standby wait was cancelled, said in German: a retryable "
+         "503 saying the outcome is unknown, not a 201", r)
+    t.ok("Synchron" in api.read_log() or "synchron" in api.read_log(),
+         "the server did speak German (its warning is in the log)")
+    r = api.post("/v1/orders", body, key=key)
+    t.ok(r.status == 201 and r.replayed, "the retry replays what was committed", r)
+    api.stop()
+
+
 feature_not_supported()
+unconfirmed_in_german()
 drained_connection_not_remade_at_once()
 t.done()
