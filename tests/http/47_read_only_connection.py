@@ -12,7 +12,10 @@ sessions that start afterwards see: the API's pooled connections are made
 read-only, then the role is set back, so that a new connection can write
 while the pooled ones still cannot. A worker opens its whole pool when it
 starts: with 4 connections a worker here, all 8 are read-only, and 12
-attempts outlast them."""
+attempts outlast them.
+
+/healthz on such a node answers 503 saying it is read-only (it said 200
+"up" before issue 29), and 200 again once the node takes writes."""
 
 import os
 import sys
