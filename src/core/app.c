@@ -34,8 +34,13 @@
 /*
  * Syscalls beyond Kore's own filters: libpq's stat() of ~/.pgpass and its
  * GSSAPI probe, libcurl's getpeername(), shutdown(), which libcurl may
- * use on a connection it drops, and getppid() and prctl(PR_SET_PDEATHSIG)
- * (a worker whose parent died stops: wakeup.c).
+ * use on a connection it drops, getppid() and prctl(PR_SET_PDEATHSIG)
+ * (a worker whose parent died stops: wakeup.c), and the C library's DNS
+ * resolver in the database layer's resolver thread (db.c): uname(),
+ * sendmmsg() of its queries. Kore's filter kills the offending thread
+ * alone (SECCOMP_RET_KILL): a resolver thread killed so would leave its
+ * name unresolved and the worker waiting, so tests/http/65_database_dns.py
+ * runs real DNS under the filter.
  */
 #define APP_SYSCALLS							\
 	KORE_SYSCALL_ALLOW(shutdown),					\
@@ -45,6 +50,8 @@
 	KORE_SYSCALL_ALLOW(rseq),					\
 	KORE_SYSCALL_ALLOW(getpeername),				\
 	KORE_SYSCALL_ALLOW(getppid),					\
+	KORE_SYSCALL_ALLOW(uname),					\
+	KORE_SYSCALL_ALLOW(sendmmsg),					\
 	KORE_SYSCALL_ALLOW_ARG(prctl, 0, PR_SET_PDEATHSIG)
 
 #if defined(IDEM_SANITIZE)
@@ -58,6 +65,7 @@ KORE_SECCOMP_FILTER("app",
 	KORE_SYSCALL_ALLOW(sigaltstack),
 	KORE_SYSCALL_ALLOW(prctl),
 	KORE_SYSCALL_ALLOW(sched_yield),
+	KORE_SYSCALL_ALLOW(sched_getaffinity),
 	KORE_SYSCALL_ALLOW(getrlimit),
 	KORE_SYSCALL_ALLOW(prlimit64),
 	KORE_SYSCALL_ALLOW(gettid),
@@ -71,8 +79,7 @@ KORE_SECCOMP_FILTER("app",
 	KORE_SYSCALL_ALLOW(fstat),
 	KORE_SYSCALL_ALLOW(lseek),
 	KORE_SYSCALL_ALLOW(pread64),
-	KORE_SYSCALL_ALLOW(getcwd),
-	KORE_SYSCALL_ALLOW(uname)
+	KORE_SYSCALL_ALLOW(getcwd)
 );
 #else
 KORE_SECCOMP_FILTER("app",

@@ -42,13 +42,20 @@
 
 #include <sys/types.h>
 #include <sys/epoll.h>
+#include <sys/socket.h>
 
+#include <netinet/in.h>
+#include <arpa/inet.h>
+
+#include <netdb.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "db.h"
 #include "metrics.h"
+#include "reload.h"
 #include "settings.h"
 
 #define CONN_CLOSED		0
@@ -92,8 +99,26 @@
 /* Distinct statements prepared on each connection (a bit each). */
 #define DB_STATEMENTS_MAX	64
 
-/* Hosts of a multi-host URL an attempt may start with (see dsn_build()). */
-#define DB_ROTATIONS_MAX	8
+/* Hosts of a multi-host URL, addresses per host name, and both. */
+#define DB_HOSTS_MAX		8
+#define DB_ADDRS_MAX		4
+#define DB_TARGETS_MAX		16
+
+/* Host names are resolved again at most this often. */
+#define DB_RESOLVE_MS		1000
+
+/* The pools' cause while no host name of the URL has an address. */
+#define DB_WHY_UNRESOLVED	"unreachable (host name not resolved)"
+
+/*
+ * TCP keepalives and tcp_user_timeout on every connection, unless the URL
+ * sets its own: an idle connection to a host that vanished without a
+ * reset is found dead within 5 + 3 x 1 = 8 s, and a connection whose
+ * sent data goes unacknowledged for 8 s is closed by the kernel.
+ */
+#define DB_KEEPALIVES							\
+	"keepalives=1 keepalives_idle=5 keepalives_interval=1 "	\
+	"keepalives_count=3 tcp_user_timeout=8000"
 
 #define CAUSE_NONE		0
 #define CAUSE_UNREACHABLE	DB_ERROR_UNAVAILABLE
@@ -116,7 +141,39 @@ struct db_conn {
 	u_int64_t		retry_at;
 	struct db_call		*call;
 	u_int64_t		deadline;
+
+	/* The target it tries, and how many it tried in this attempt. */
+	u_int32_t		target;
+	u_int32_t		walked;
+	int			fresh;
 	TAILQ_ENTRY(db_conn)	list;
+};
+
+/* A host of the URL: name (or socket, or address), address, port. */
+struct db_host {
+	char			*host;
+	char			*hostaddr;
+	char			*port;
+	int			named;
+	char			*addrs[DB_ADDRS_MAX];
+	u_int32_t		naddrs;
+};
+
+/* What one connection attempt connects to: a host and one address. */
+struct db_target {
+	struct db_host		*host;
+	const char		*addr;
+};
+
+/* A resolution in flight: the resolver thread's own memory. */
+struct db_resolve {
+	int			done;
+	u_int32_t		n;
+	char			*names[DB_HOSTS_MAX];
+	int			error[DB_HOSTS_MAX];
+	u_int32_t		naddrs[DB_HOSTS_MAX];
+	char			addrs[DB_HOSTS_MAX][DB_ADDRS_MAX]
+				    [INET6_ADDRSTRLEN];
 };
 
 TAILQ_HEAD(db_conn_list, db_conn);
@@ -135,7 +192,6 @@ struct db_pool {
 	char			why[DB_CAUSE_MAX];
 	u_int64_t		retry_at;
 	u_int64_t		logged_at;
-	u_int32_t		rotation;
 };
 
 static void	conn_start(struct db_conn *);
@@ -168,18 +224,35 @@ static int	call_settle(struct db_call *);
 static int	call_fail(struct db_call *);
 static int	call_has(struct db_call *, int);
 static void	call_message(struct db_call *, const char *);
-static int	call_classify(const char *);
+static int	call_classify(const char *, const PGresult *);
+static int	result_stale(const PGresult *);
+static int	conn_read_only(struct db_conn *);
 static int	cause_classify(const char *, char *, size_t);
 static void	dsn_build(const char *);
-static char	*dsn_rotated(PQconninfoOption *, u_int32_t, const char *);
-static void	list_rotated(struct kore_buf *, const char *, u_int32_t);
+static char	*list_item(const char *, u_int32_t);
+static char	*dup_n(const char *, size_t);
+static void	hosts_parse(const char *, const char *, const char *);
+static void	hosts_free(void);
+static void	targets_build(void);
+static char	*target_dsn(u_int32_t);
+static void	resolve_start(void);
+static void	*resolve_thread(void *);
+static void	resolve_poll(void);
+static void	resolve_free(struct db_resolve *);
 static void	dsn_append(struct kore_buf *, const char *, const char *);
 static void	options_append(struct kore_buf *, const char *);
 
 static struct db_pool		pools[DB_POOLS];
 static struct kore_timer	*ticker = NULL;
-static char			*dsns[DB_ROTATIONS_MAX];
-static u_int32_t		rotations = 0;
+static char			*dsn_base = NULL;
+static struct db_host		hosts[DB_HOSTS_MAX];
+static u_int32_t		nhosts = 0;
+static u_int32_t		names = 0;
+static struct db_target		targets[DB_TARGETS_MAX];
+static u_int32_t		ntargets = 0;
+static u_int32_t		target_good = 0;
+static struct db_resolve	*resolving = NULL;
+static u_int64_t		resolve_at = 0;
 static u_int32_t		connect_timeout_ms = DB_CONNECT_TIMEOUT_MS;
 static char			*statements[DB_STATEMENTS_MAX];
 static int			nstatements = 0;
@@ -200,7 +273,7 @@ static const char	*pool_names[DB_POOLS] = {
 void
 db_register(void)
 {
-	if (rotations == 0)
+	if (dsn_base == NULL)
 		dsn_build(settings.database_url);
 }
 
@@ -225,11 +298,17 @@ db_pool_open(int id, u_int16_t n)
 	TAILQ_INIT(&pool->idle);
 	TAILQ_INIT(&pool->waiting);
 
+	/* Names are resolved off the loop; until then, nothing to start. */
+	if (names > 0)
+		resolve_start();
+
 	for (i = 0; i < n; i++) {
 		pool->conns[i].pool = pool;
 		pool->conns[i].evt.type = KORE_TYPE_PGSQL_CONN;
 		pool->conns[i].evt.handle = conn_ready;
-		conn_start(&pool->conns[i]);
+		pool->conns[i].fresh = 1;
+		if (ntargets > 0)
+			conn_start(&pool->conns[i]);
 	}
 
 	if (ticker == NULL)
@@ -263,11 +342,13 @@ db_unload(void)
 		memset(pool, 0, sizeof(*pool));
 	}
 
-	for (i = 0; i < rotations; i++) {
-		kore_free(dsns[i]);
-		dsns[i] = NULL;
-	}
-	rotations = 0;
+	/*
+	 * A resolution still in flight (a worker that stops: a reload waits
+	 * for it) is left to its thread.
+	 */
+	resolving = NULL;
+	resolve_at = 0;
+	hosts_free();
 
 	for (id = 0; id < nstatements; id++) {
 		kore_free(statements[id]);
@@ -393,9 +474,11 @@ db_call_step(struct db_call *c, const char *query, int nparams,
 			 * attempt fails it at once, a made one serves it).
 			 */
 			if (pool->failing && pool_open_count(pool) == 0) {
-				if (pool->cause == CAUSE_MISCONFIGURED) {
+				/* Or no address: its name did not resolve. */
+				if (pool->cause == CAUSE_MISCONFIGURED ||
+				    ntargets == 0) {
 					c->refused = 1;
-					c->error = DB_ERROR_MISCONFIGURED;
+					c->error = pool->cause;
 					call_message(c, pool->why);
 					return (call_fail(c));
 				}
@@ -694,7 +777,7 @@ call_fail(struct db_call *c)
 		(void)kore_strlcpy(c->sqlstate, state, sizeof(c->sqlstate));
 
 	if (c->error == 0)
-		c->error = call_classify(state);
+		c->error = call_classify(state, c->failed);
 
 	msg = c->message;
 	if (msg == NULL || *msg == '\0')
@@ -828,7 +911,7 @@ call_message(struct db_call *c, const char *msg)
  * schema never migrated: no retry helps.
  */
 static int
-call_classify(const char *state)
+call_classify(const char *state, const PGresult *res)
 {
 	if (state == NULL || !strncmp(state, "08", 2) ||
 	    !strncmp(state, "57P", 3) || !strncmp(state, "53", 2))
@@ -845,7 +928,7 @@ call_classify(const char *state)
 		return (DB_ERROR_READ_ONLY);
 
 	/* A prepared statement stale twice over: nothing ran. */
-	if (!strcmp(state, "0A000") || !strcmp(state, "26000"))
+	if (res != NULL && result_stale(res))
 		return (DB_ERROR_UNAVAILABLE);
 
 	if (!strcmp(state, "42883") || !strcmp(state, "42P01") ||
@@ -856,16 +939,70 @@ call_classify(const char *state)
 }
 
 /*
+ * A prepared statement the server no longer runs as prepared: its plan
+ * would change its result type (the plan cache's 0A000, told from any
+ * other "feature not supported" by the function that raised it, which no
+ * lc_messages translates), or it is gone (26000).
+ */
+static int
+result_stale(const PGresult *res)
+{
+	const char	*state, *func;
+
+	if ((state = PQresultErrorField(res, PG_DIAG_SQLSTATE)) == NULL)
+		return (0);
+
+	if (!strcmp(state, "26000"))
+		return (1);
+
+	func = PQresultErrorField(res, PG_DIAG_SOURCE_FUNCTION);
+
+	return (!strcmp(state, "0A000") && func != NULL &&
+	    !strcmp(func, "RevalidateCachedQuery"));
+}
+
+/*
+ * The session does not take writes: a hot standby, or a node whose
+ * default is read-only (both reported by the server, PostgreSQL 14+).
+ */
+static int
+conn_read_only(struct db_conn *conn)
+{
+	const char	*v;
+
+	if ((v = PQparameterStatus(conn->pg, "in_hot_standby")) != NULL &&
+	    !strcmp(v, "on"))
+		return (1);
+
+	v = PQparameterStatus(conn->pg, "default_transaction_read_only");
+
+	return (v != NULL && !strcmp(v, "on"));
+}
+
+/*
  * Starts making the connection; its socket is watched from here on.
  */
 static void
 conn_start(struct db_conn *conn)
 {
-	struct db_pool		*pool = conn->pool;
 	static const char	*keywords[] = { "dbname", NULL };
 	const char		*values[2];
+	char			*dsn;
 
-	values[0] = dsns[pool->rotation % rotations];
+	/* No address yet (its name not resolved): db_tick() starts it. */
+	if (ntargets == 0)
+		return;
+
+	/* A new attempt starts where the last connection was made. */
+	if (conn->fresh) {
+		conn->fresh = 0;
+		conn->walked = 0;
+		conn->target = target_good;
+	}
+	conn->target %= ntargets;
+
+	dsn = target_dsn(conn->target);
+	values[0] = dsn;
 	values[1] = NULL;
 
 	conn->state = CONN_CONNECTING;
@@ -876,7 +1013,9 @@ conn_start(struct db_conn *conn)
 	conn->prepared = 0;
 	conn->deadline = kore_time_ms() + connect_timeout_ms;
 
-	if ((conn->pg = PQconnectStartParams(keywords, values, 1)) == NULL)
+	conn->pg = PQconnectStartParams(keywords, values, 1);
+	kore_free(dsn);
+	if (conn->pg == NULL)
 		fatal("%s: out of memory", __func__);
 
 	if (PQstatus(conn->pg) == CONNECTION_BAD) {
@@ -975,6 +1114,8 @@ conn_connect_poll(struct db_conn *conn)
 		pool->failing = 0;
 		pool->cause = CAUSE_NONE;
 		pool->why[0] = '\0';
+		target_good = conn->target;
+		conn->walked = 0;
 		conn->events = 0;
 		conn_watch(conn, EPOLLIN);
 		conn_give(conn);
@@ -986,9 +1127,12 @@ conn_connect_poll(struct db_conn *conn)
 }
 
 /*
- * An attempt to connect failed: the pool remembers why (a refusal no retry
- * changes, or an unreachable server), tries again later, and fails its
- * waiting calls at once when it has no connection left to serve them.
+ * An attempt to connect failed at its target: the connection tries the
+ * next one at once, until it has tried them all (each at most
+ * connect_timeout). Then the pool remembers why (a refusal no retry
+ * changes, or an unreachable server), tries again later, starting with
+ * the next target, fails its waiting calls at once when it has no
+ * connection left to serve them, and host names are resolved again.
  */
 static void
 conn_connect_failed(struct db_conn *conn, const char *msg)
@@ -999,6 +1143,18 @@ conn_connect_failed(struct db_conn *conn, const char *msg)
 
 	cause = cause_classify(msg, why, sizeof(why));
 
+	/* New connections start past a target that failed. */
+	if (target_good == conn->target % ntargets)
+		target_good = (conn->target + 1) % ntargets;
+	conn->target++;
+	if (++conn->walked < ntargets) {
+		conn_close(conn);
+		conn_start(conn);
+		return;
+	}
+	conn->walked = 0;
+	resolve_start();
+
 	if (!pool->failing || pool->cause != cause ||
 	    strcmp(pool->why, why))
 		pool->logged_at = 0;
@@ -1007,9 +1163,6 @@ conn_connect_failed(struct db_conn *conn, const char *msg)
 	pool->cause = cause;
 	(void)kore_strlcpy(pool->why, why, sizeof(pool->why));
 	pool->retry_at = kore_time_ms() + DB_RETRY_MS;
-
-	/* The next attempt starts with the next host of a multi-host URL. */
-	pool->rotation++;
 
 	/* msg may be libpq's, freed with the connection. */
 	pool_log(pool, why, msg);
@@ -1203,6 +1356,7 @@ conn_lost(struct db_conn *conn, const char *how)
 	kore_log(LOG_NOTICE, "pool %s: a database connection was %s; making "
 	    "it again", pool->name, how);
 	conn_close(conn);
+	conn->fresh = 1;
 }
 
 /*
@@ -1315,8 +1469,8 @@ conn_done(struct db_conn *conn)
 	 * prepared again on each connection's next use, and the call runs
 	 * again, at once, on this connection.
 	 */
-	if (state != NULL && conn->ran_prepared && (!strcmp(state, "0A000") ||
-	    !strcmp(state, "26000")) && c->replans++ == 0) {
+	if (state != NULL && conn->ran_prepared && result_stale(c->failed) &&
+	    c->replans++ == 0) {
 		kore_log(LOG_NOTICE, "pool %s: prepared statements are stale "
 		    "(%s); preparing them again", conn->pool->name, state);
 		statements_epoch++;
@@ -1328,16 +1482,21 @@ conn_done(struct db_conn *conn)
 		return;
 	}
 
+	c->read_only = conn_read_only(conn);
 	call_answer(c, DB_PHASE_ANSWERED);
 
 	/*
 	 * A node that no longer takes writes (a primary demoted without a
 	 * restart, a standby) would refuse every write on this connection: it
 	 * is made again, and libpq finds the host that takes writes
-	 * (target_session_attrs=read-write).
+	 * (target_session_attrs=read-write). The health check's connection
+	 * is made again as soon as it finds its node read-only, so that the
+	 * next check looks at the node as it is then.
 	 */
 	if (state != NULL && !strcmp(state, "25006"))
 		conn_lost(conn, "refused a write (read-only)");
+	else if (c->read_only && c->pool == DB_POOL_HEALTH)
+		conn_lost(conn, "to a read-only node (health check)");
 	else
 		conn_give(conn);
 }
@@ -1346,14 +1505,15 @@ conn_done(struct db_conn *conn)
  * A commit whose wait for the synchronous standby was cancelled (by a
  * cancel, a failover, a shutdown) has happened here and may not have on
  * the standby: a failover can lose it. PostgreSQL says so only in a
- * warning; such a call is never answered as a success. The server's
- * messages are matched in English, its default (lc_messages).
+ * warning, with no SQLSTATE of its own (01000, or 57P01 at a shutdown);
+ * it is told by the function that raised it, SyncRepWaitForLSN(), which
+ * no lc_messages translates. Such a call is never answered as a success.
  */
 static void
 conn_notice(void *arg, const PGresult *res)
 {
 	struct db_conn		*conn = arg;
-	const char		*msg, *detail, *severity;
+	const char		*msg, *func, *severity;
 
 	/* The server ends the session (a shutdown, a terminated backend). */
 	severity = PQresultErrorField(res, PG_DIAG_SEVERITY_NONLOCALIZED);
@@ -1365,13 +1525,13 @@ conn_notice(void *arg, const PGresult *res)
 		return;
 
 	msg = PQresultErrorField(res, PG_DIAG_MESSAGE_PRIMARY);
-	detail = PQresultErrorField(res, PG_DIAG_MESSAGE_DETAIL);
+	func = PQresultErrorField(res, PG_DIAG_SOURCE_FUNCTION);
 
-	if ((msg != NULL && strstr(msg, "synchronous replication") != NULL) ||
-	    (detail != NULL && strstr(detail, "committed locally") != NULL)) {
+	if (severity != NULL && !strcmp(severity, "WARNING") &&
+	    func != NULL && !strcmp(func, "SyncRepWaitForLSN")) {
 		conn->call->unconfirmed = 1;
 		kore_log(LOG_NOTICE, "the commit was not confirmed by the "
-		    "standby: %s", msg != NULL ? msg : detail);
+		    "standby: %s", msg != NULL ? msg : "(no message)");
 	}
 }
 
@@ -1390,6 +1550,10 @@ db_tick(void *arg, u_int64_t unused)
 	u_int16_t		i;
 
 	now = kore_time_ms();
+
+	resolve_poll();
+	if (ntargets == 0)
+		resolve_start();
 
 	for (id = 0; id < DB_POOLS; id++) {
 		pool = &pools[id];
@@ -1445,8 +1609,11 @@ db_tick(void *arg, u_int64_t unused)
 				conn->retry_at = now + settings.db_timeout_ms;
 				break;
 			case CONN_DRAINING:
-				if (now >= conn->deadline)
-					conn_lost(conn, "closed while draining");
+				if (now < conn->deadline)
+					break;
+				conn_lost(conn, "closed while draining");
+				/* As above: its backend may still be there. */
+				conn->retry_at = now + settings.db_timeout_ms;
 				break;
 			default:
 				break;
@@ -1455,7 +1622,8 @@ db_tick(void *arg, u_int64_t unused)
 
 		for (i = 0; i < pool->size; i++) {
 			conn = &pool->conns[i];
-			if (conn->state != CONN_CLOSED || now < conn->retry_at)
+			if (conn->state != CONN_CLOSED ||
+			    now < conn->retry_at || ntargets == 0)
 				continue;
 			/* While refused: one attempt at a time, spaced. */
 			if (pool->failing &&
@@ -1469,8 +1637,9 @@ db_tick(void *arg, u_int64_t unused)
 }
 
 /*
- * The connection strings, with the session settings the design needs, on
- * every connection whatever the server's or the role's defaults:
+ * The connection string every attempt shares, with the session settings
+ * the design needs, on every connection whatever the server's or the
+ * role's defaults:
  * - the bounds of IDEM_DB_TIMEOUT_MS on statements, lock waits and idle
  *   transactions;
  * - READ COMMITTED, under which a write that waited for a row lock (an
@@ -1485,20 +1654,21 @@ db_tick(void *arg, u_int64_t unused)
  * - idem.public_url, the base of the type URLs of the problems the SQL
  *   saves (idem_problem()), so that they are the C's (problem.c).
  * Settings the operator gave in "options" come first; these win.
+ * TCP keepalives and tcp_user_timeout (DB_KEEPALIVES) are set unless the
+ * URL gives its own.
  *
- * A URL that names several hosts (make cluster's, with
- * target_session_attrs=read-write) gets one string per host, each with
- * the host list starting one further: a connection attempt that times out
- * on a host that does not answer (libpq moves on only when a host
- * refuses) starts the next attempt with the next host.
+ * The URL's hosts (host, hostaddr and port, one list each) are kept
+ * apart: each attempt connects to one address (hosts_target()), and
+ * each connection walks the list itself (conn_connect_failed()).
  */
 static void
 dsn_build(const char *url)
 {
 	PQconninfoOption	*opts, *o;
-	char			*err;
-	const char		*hosts;
-	u_int32_t		n, i;
+	struct kore_buf		buf;
+	char			settings_opts[512], *err;
+	const char		*user, *host, *hostaddr, *port;
+	int			named, keepalives;
 	long			t;
 
 	err = NULL;
@@ -1506,47 +1676,6 @@ dsn_build(const char *url)
 		fatal("IDEM_DATABASE_URL cannot be parsed: %s",
 		    err != NULL ? err : "out of memory");
 	}
-
-	hosts = NULL;
-	for (o = opts; o->keyword != NULL; o++) {
-		if (o->val == NULL || *o->val == '\0')
-			continue;
-		if (!strcmp(o->keyword, "host"))
-			hosts = o->val;
-		if (!strcmp(o->keyword, "connect_timeout")) {
-			t = strtol(o->val, NULL, 10);
-			/* libpq's own floor: 2 s. */
-			if (t > 0)
-				connect_timeout_ms = (u_int32_t)(t < 2 ? 2 : t)
-				    * 1000;
-		}
-	}
-
-	n = 1;
-	if (hosts != NULL) {
-		for (; *hosts != '\0'; hosts++) {
-			if (*hosts == ',')
-				n++;
-		}
-	}
-	if (n > DB_ROTATIONS_MAX)
-		n = DB_ROTATIONS_MAX;
-
-	for (i = 0; i < n; i++)
-		dsns[i] = dsn_rotated(opts, i, url);
-	rotations = n;
-
-	PQconninfoFree(opts);
-}
-
-static char *
-dsn_rotated(PQconninfoOption *opts, u_int32_t k, const char *url)
-{
-	PQconninfoOption	*o;
-	struct kore_buf		buf, list;
-	char			settings_opts[512], *dsn;
-	const char		*user;
-	int			named;
 
 	(void)snprintf(settings_opts, sizeof(settings_opts),
 	    "-c statement_timeout=%u -c lock_timeout=%u "
@@ -1559,26 +1688,38 @@ dsn_rotated(PQconninfoOption *opts, u_int32_t k, const char *url)
 	    settings.db_timeout_ms);
 
 	kore_buf_init(&buf, 256);
-	user = NULL;
-	named = 0;
+	user = host = hostaddr = port = NULL;
+	named = keepalives = 0;
 	for (o = opts; o->keyword != NULL; o++) {
 		if (o->val == NULL || *o->val == '\0')
 			continue;
-		if (!strcmp(o->keyword, "application_name"))
-			named = 1;
+		if (!strcmp(o->keyword, "host")) {
+			host = o->val;
+			continue;
+		}
+		if (!strcmp(o->keyword, "hostaddr")) {
+			hostaddr = o->val;
+			continue;
+		}
+		if (!strcmp(o->keyword, "port")) {
+			port = o->val;
+			continue;
+		}
 		if (!strcmp(o->keyword, "options")) {
 			user = o->val;
 			continue;
 		}
-		if (k > 0 && (!strcmp(o->keyword, "host") ||
-		    !strcmp(o->keyword, "hostaddr") ||
-		    !strcmp(o->keyword, "port")) && strchr(o->val, ',')) {
-			kore_buf_init(&list, 64);
-			list_rotated(&list, o->val, k);
-			dsn_append(&buf, o->keyword,
-			    kore_buf_stringify(&list, NULL));
-			kore_buf_cleanup(&list);
-			continue;
+		if (!strcmp(o->keyword, "application_name"))
+			named = 1;
+		if (!strncmp(o->keyword, "keepalives", 10) ||
+		    !strcmp(o->keyword, "tcp_user_timeout"))
+			keepalives = 1;
+		if (!strcmp(o->keyword, "connect_timeout")) {
+			t = strtol(o->val, NULL, 10);
+			/* libpq's own floor: 2 s. */
+			if (t > 0)
+				connect_timeout_ms = (u_int32_t)(t < 2 ? 2 : t)
+				    * 1000;
 		}
 		dsn_append(&buf, o->keyword, o->val);
 	}
@@ -1590,6 +1731,9 @@ dsn_rotated(PQconninfoOption *opts, u_int32_t k, const char *url)
 		    DB_APPLICATION_PROVIDER);
 	}
 
+	if (!keepalives)
+		kore_buf_appendf(&buf, "%s ", DB_KEEPALIVES);
+
 	kore_buf_appendf(&buf, "options='");
 	if (user != NULL) {
 		dsn_append(&buf, NULL, user);
@@ -1597,7 +1741,154 @@ dsn_rotated(PQconninfoOption *opts, u_int32_t k, const char *url)
 	}
 	dsn_append(&buf, NULL, settings_opts);
 	options_append(&buf, settings.public_url);
-	kore_buf_appendf(&buf, "'");
+	kore_buf_appendf(&buf, "' ");
+
+	dsn_base = kore_strdup(kore_buf_stringify(&buf, NULL));
+	kore_buf_cleanup(&buf);
+
+	hosts_parse(host, hostaddr, port);
+	targets_build();
+
+	PQconninfoFree(opts);
+}
+
+/*
+ * The k-th element of a comma-separated list (the last one when the list
+ * is shorter: a single port serves every host), NULL without a list.
+ */
+static char *
+list_item(const char *list, u_int32_t k)
+{
+	const char	*p, *end;
+	u_int32_t	i;
+
+	if (list == NULL)
+		return (NULL);
+
+	p = list;
+	for (i = 0; i < k; i++) {
+		if ((end = strchr(p, ',')) == NULL)
+			break;
+		p = end + 1;
+	}
+
+	if ((end = strchr(p, ',')) == NULL)
+		end = p + strlen(p);
+
+	return (dup_n(p, (size_t)(end - p)));
+}
+
+static char *
+dup_n(const char *s, size_t len)
+{
+	char		*copy;
+
+	copy = kore_malloc(len + 1);
+	memcpy(copy, s, len);
+	copy[len] = '\0';
+
+	return (copy);
+}
+
+/*
+ * The URL's hosts: a host name that is neither an address nor a socket
+ * directory, and has no hostaddr of its own, is resolved off the event
+ * loop (resolve_start()).
+ */
+static void
+hosts_parse(const char *host, const char *hostaddr, const char *port)
+{
+	struct db_host		*h;
+	struct in6_addr		a6;
+	struct in_addr		a4;
+	const char		*p;
+	u_int32_t		n, i;
+
+	n = 1;
+	if (host != NULL) {
+		for (p = host; *p != '\0'; p++) {
+			if (*p == ',')
+				n++;
+		}
+	}
+	if (n > DB_HOSTS_MAX)
+		n = DB_HOSTS_MAX;
+
+	for (i = 0; i < n; i++) {
+		h = &hosts[i];
+		memset(h, 0, sizeof(*h));
+		h->host = list_item(host, i);
+		h->hostaddr = list_item(hostaddr, i);
+		h->port = list_item(port, i);
+		if (h->host != NULL && h->host[0] == '\0') {
+			kore_free(h->host);
+			h->host = NULL;
+		}
+		if (h->hostaddr != NULL && h->hostaddr[0] == '\0') {
+			kore_free(h->hostaddr);
+			h->hostaddr = NULL;
+		}
+		h->named = h->host != NULL && h->hostaddr == NULL &&
+		    h->host[0] != '/' && h->host[0] != '@' &&
+		    inet_pton(AF_INET, h->host, &a4) != 1 &&
+		    inet_pton(AF_INET6, h->host, &a6) != 1;
+		if (h->named)
+			names++;
+	}
+	nhosts = n;
+}
+
+/*
+ * The addresses attempts connect to, in the URL's order: a host given
+ * by address (or socket) once, a named one once per address its last
+ * successful resolution gave (none before the first).
+ */
+static void
+targets_build(void)
+{
+	struct db_host		*h;
+	u_int32_t		i, k;
+
+	ntargets = 0;
+	for (i = 0; i < nhosts; i++) {
+		h = &hosts[i];
+		if (!h->named) {
+			targets[ntargets].host = h;
+			targets[ntargets].addr = h->hostaddr;
+			ntargets++;
+			continue;
+		}
+		for (k = 0; k < h->naddrs && ntargets < DB_TARGETS_MAX; k++) {
+			targets[ntargets].host = h;
+			targets[ntargets].addr = h->addrs[k];
+			ntargets++;
+		}
+	}
+
+	if (target_good >= ntargets)
+		target_good = 0;
+}
+
+/*
+ * The connection string of an attempt at target k: one host, one
+ * address, one port. libpq keeps the host name for TLS, its checks and
+ * .pgpass, and connects to the address without resolving anything.
+ */
+static char *
+target_dsn(u_int32_t k)
+{
+	struct db_target	*t = &targets[k];
+	struct kore_buf		buf;
+	char			*dsn;
+
+	kore_buf_init(&buf, 512);
+	kore_buf_appendf(&buf, "%s", dsn_base);
+	if (t->host->host != NULL)
+		dsn_append(&buf, "host", t->host->host);
+	if (t->addr != NULL)
+		dsn_append(&buf, "hostaddr", t->addr);
+	if (t->host->port != NULL)
+		dsn_append(&buf, "port", t->host->port);
 
 	dsn = kore_strdup(kore_buf_stringify(&buf, NULL));
 	kore_buf_cleanup(&buf);
@@ -1605,34 +1896,205 @@ dsn_rotated(PQconninfoOption *opts, u_int32_t k, const char *url)
 	return (dsn);
 }
 
+static void
+hosts_free(void)
+{
+	struct db_host		*h;
+	u_int32_t		i, k;
+
+	for (i = 0; i < nhosts; i++) {
+		h = &hosts[i];
+		kore_free(h->host);
+		kore_free(h->hostaddr);
+		kore_free(h->port);
+		for (k = 0; k < h->naddrs; k++)
+			kore_free(h->addrs[k]);
+		memset(h, 0, sizeof(*h));
+	}
+	nhosts = 0;
+	names = 0;
+	ntargets = 0;
+	target_good = 0;
+	kore_free(dsn_base);
+	dsn_base = NULL;
+}
+
 /*
- * A comma-separated list starting at its k-th element, wrapping around.
+ * Resolves the URL's host names in a thread of its own, off the event
+ * loop: getaddrinfo() waits on the resolver as long as resolv.conf lets
+ * it, and the worker meanwhile serves everything else. The worker looks
+ * for the answer from db_tick(). One resolution at a time, started at
+ * most every DB_RESOLVE_MS: when the worker starts, while no name has an
+ * address, and when a connection failed at every address it had.
+ *
+ * The thread shares nothing with the worker but its own struct, handed
+ * back by its done flag; it allocates with the C library, not Kore's
+ * pools. A reload waits for it (reload_hold()): its code is the module's.
  */
 static void
-list_rotated(struct kore_buf *out, const char *value, u_int32_t k)
+resolve_start(void)
 {
-	const char	*start[DB_ROTATIONS_MAX], *p;
-	size_t		len[DB_ROTATIONS_MAX];
-	u_int32_t	n, i, j;
+	struct db_resolve	*r;
+	pthread_attr_t		attr;
+	pthread_t		tid;
+	u_int32_t		i;
+	int			err;
 
-	n = 0;
-	start[0] = value;
-	for (p = value; n < DB_ROTATIONS_MAX; p++) {
-		if (*p == ',' || *p == '\0') {
-			len[n] = (size_t)(p - start[n]);
+	if (resolving != NULL || names == 0 || kore_time_ms() < resolve_at)
+		return;
+
+	resolve_at = kore_time_ms() + DB_RESOLVE_MS;
+
+	if ((r = calloc(1, sizeof(*r))) == NULL)
+		fatal("%s: out of memory", __func__);
+	r->n = nhosts;
+	for (i = 0; i < nhosts; i++) {
+		if (!hosts[i].named)
+			continue;
+		if ((r->names[i] = strdup(hosts[i].host)) == NULL)
+			fatal("%s: out of memory", __func__);
+	}
+
+	(void)pthread_attr_init(&attr);
+	(void)pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+	err = pthread_create(&tid, &attr, resolve_thread, r);
+	(void)pthread_attr_destroy(&attr);
+	if (err != 0) {
+		kore_log(LOG_ERR, "cannot start the database host name "
+		    "resolver: %s", strerror(err));
+		resolve_free(r);
+		return;
+	}
+
+	resolving = r;
+	reload_hold();
+}
+
+static void *
+resolve_thread(void *arg)
+{
+	struct db_resolve	*r = arg;
+	struct addrinfo		hints, *res, *ai;
+	const void		*src;
+	char			addr[INET6_ADDRSTRLEN];
+	u_int32_t		i, k, n;
+	int			dup;
+
+	memset(&hints, 0, sizeof(hints));
+	hints.ai_family = AF_UNSPEC;
+	hints.ai_socktype = SOCK_STREAM;
+
+	for (i = 0; i < r->n; i++) {
+		if (r->names[i] == NULL)
+			continue;
+		if ((r->error[i] = getaddrinfo(r->names[i], NULL, &hints,
+		    &res)) != 0)
+			continue;
+		n = 0;
+		for (ai = res; ai != NULL && n < DB_ADDRS_MAX; ai = ai->ai_next) {
+			if (ai->ai_family == AF_INET) {
+				src = &((struct sockaddr_in *)
+				    (void *)ai->ai_addr)->sin_addr;
+			} else if (ai->ai_family == AF_INET6) {
+				src = &((struct sockaddr_in6 *)
+				    (void *)ai->ai_addr)->sin6_addr;
+			} else {
+				continue;
+			}
+			if (inet_ntop(ai->ai_family, src, addr,
+			    sizeof(addr)) == NULL)
+				continue;
+			dup = 0;
+			for (k = 0; k < n; k++) {
+				if (!strcmp(r->addrs[i][k], addr))
+					dup = 1;
+			}
+			if (dup)
+				continue;
+			(void)snprintf(r->addrs[i][n], sizeof(r->addrs[i][n]),
+			    "%s", addr);
 			n++;
-			if (*p == '\0' || n == DB_ROTATIONS_MAX)
-				break;
-			start[n] = p + 1;
 		}
+		r->naddrs[i] = n;
+		freeaddrinfo(res);
+		if (n == 0)
+			r->error[i] = EAI_NONAME;
 	}
 
-	for (i = 0; i < n; i++) {
-		j = (i + k) % n;
-		if (i > 0)
-			kore_buf_append(out, ",", 1);
-		kore_buf_append(out, start[j], len[j]);
+	__atomic_store_n(&r->done, 1, __ATOMIC_RELEASE);
+
+	return (NULL);
+}
+
+/*
+ * From db_tick(): the resolution's answer, once in. A name that resolved
+ * takes its new addresses; one that did not keeps those it had. With no
+ * address at all, every pool fails its waiting calls and says why.
+ */
+static void
+resolve_poll(void)
+{
+	struct db_resolve	*r = resolving;
+	struct db_host		*h;
+	struct db_pool		*pool;
+	char			msg[DB_CAUSE_MAX];
+	u_int32_t		i, k;
+	int			id;
+
+	if (r == NULL || !__atomic_load_n(&r->done, __ATOMIC_ACQUIRE))
+		return;
+	resolving = NULL;
+
+	msg[0] = '\0';
+	for (i = 0; i < r->n && i < nhosts; i++) {
+		h = &hosts[i];
+		if (r->names[i] == NULL || !h->named)
+			continue;
+		if (r->error[i] != 0) {
+			(void)snprintf(msg, sizeof(msg), "%s: %s", h->host,
+			    gai_strerror(r->error[i]));
+			continue;
+		}
+		for (k = 0; k < h->naddrs; k++)
+			kore_free(h->addrs[k]);
+		for (k = 0; k < r->naddrs[i]; k++)
+			h->addrs[k] = kore_strdup(r->addrs[i][k]);
+		h->naddrs = r->naddrs[i];
 	}
+	resolve_free(r);
+	reload_release();
+
+	targets_build();
+	if (msg[0] != '\0')
+		kore_log(LOG_NOTICE, "database host name not resolved: %s", msg);
+	if (ntargets > 0)
+		return;
+
+	for (id = 0; id < DB_POOLS; id++) {
+		pool = &pools[id];
+		if (pool->size == 0)
+			continue;
+		if (!pool->failing || pool->cause != CAUSE_UNREACHABLE ||
+		    strcmp(pool->why, DB_WHY_UNRESOLVED))
+			pool->logged_at = 0;
+		pool->failing = 1;
+		pool->cause = CAUSE_UNREACHABLE;
+		(void)kore_strlcpy(pool->why, DB_WHY_UNRESOLVED,
+		    sizeof(pool->why));
+		pool_log(pool, DB_WHY_UNRESOLVED, msg);
+		if (pool_open_count(pool) == 0)
+			pool_fail_waiters(pool);
+	}
+}
+
+static void
+resolve_free(struct db_resolve *r)
+{
+	u_int32_t	i;
+
+	for (i = 0; i < r->n; i++)
+		free(r->names[i]);
+	free(r);
 }
 
 /*

@@ -88,6 +88,7 @@ struct db_call {
 	int			sent;
 	int			timed_out;
 	int			unconfirmed;
+	int			read_only;	/* the node takes no writes */
 
 	TAILQ_ENTRY(db_call)	queue;
 };

@@ -1,5 +1,6 @@
 /*
- * GET /healthz: 200 when the database answers a query, 503 when it does not.
+ * GET /healthz: 200 when the database answers a query and takes writes,
+ * 503 when it does not.
  */
 
 #include <sys/types.h>
@@ -63,6 +64,13 @@ health_query(struct http_request *req)
 	case DB_CALL_PENDING:
 		return (KORE_RESULT_RETRY);
 	case DB_CALL_DONE:
+		/* Answers, but is not the primary: no write would succeed. */
+		if (h->db.read_only) {
+			http_response_header(req, "retry-after", "1");
+			problem_respond(req, PROBLEM_DATABASE_UNAVAILABLE,
+			    "the database is read-only (not the primary)");
+			break;
+		}
 		http_response_header(req, "content-type", JSON_CONTENT_TYPE);
 		http_response(req, HTTP_STATUS_OK, HEALTH_OK,
 		    sizeof(HEALTH_OK) - 1);

@@ -12,13 +12,17 @@ sessions that start afterwards see: the API's pooled connections are made
 read-only, then the role is set back, so that a new connection can write
 while the pooled ones still cannot. A worker opens its whole pool when it
 starts: with 4 connections a worker here, all 8 are read-only, and 12
-attempts outlast them."""
+attempts outlast them.
+
+/healthz on such a node answers 503 saying it is read-only (it said 200
+"up" before issue 29), and 200 again once the node takes writes."""
 
 import os
 import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "lib"))
-from harness import Api, Tap, concurrently, get, new_key, sql  # noqa: E402
+from harness import (Api, Tap, concurrently, get, new_key, request, sql,  # noqa: E402
+                     wait_until)
 
 t = Tap()
 
@@ -30,17 +34,29 @@ def role_read_only(on):
          "reset default_transaction_read_only") + "; commit")
 
 
+def read_only_health(port):
+    r = request(port, "GET", "/healthz", timeout=5)
+    return (r.status == 503 and r.headers.get("retry-after") == "1"
+            and b"read-only" in r.body)
+
+
 order = {"customer_id": "c-read-only", "amount": 1000, "currency": "RUB"}
 api = None
 try:
     role_read_only(True)
-    api = Api(conf_extra=["pgsql_conn_max 4"]).start()
+    api = Api(conf_extra=["pgsql_conn_max 4"])
+    # /healthz says the node takes no writes (it said 200 "up" before).
+    super(Api, api).start(lambda: read_only_health(api.port))
+    t.ok(True, "/healthz on a read-only node: 503 saying it is read-only")
     # Reads work on a read-only node, on the read-only connections both
     # workers opened at start.
     reads = concurrently(8, get, api.port, "/v1/bonuses/c-read-only")
     t.ok(all(r.status == 200 for r in reads),
          "reads on read-only connections: 200", reads)
     role_read_only(False)
+    wait_until(lambda: request(api.port, "GET", "/healthz", timeout=5).status == 200,
+               "/healthz 200 once the node takes writes")
+    t.ok(True, "/healthz says 200 again once the node takes writes")
 
     # The same key, sent again and again, one request at a time: each
     # attempt takes a worker's first free connection.

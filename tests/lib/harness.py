@@ -386,16 +386,19 @@ class DbProxy:
     while `hold` is set (an address that accepts and never answers), and
     cuts the connections it passed on (black_hole())."""
 
-    def __init__(self, delay=0.0, target=None):
-        # Another loopback server (a provider) instead of PostgreSQL.
+    def __init__(self, delay=0.0, target=None, unix=None, host="127.0.0.1",
+                 port=None):
+        # Another loopback server (a provider) instead of PostgreSQL, or
+        # PostgreSQL's Unix socket (reachable from a network namespace).
         self.target = target or int(os.environ["IDEM_TEST_PGPORT"])
+        self.unix = unix
         # Connections whose client has sent its first bytes (a request on
         # the wire), counted before the delay.
         self.sent = 0
         self.delay = delay
         self.sock = socket.socket()
         self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        self.sock.bind(("127.0.0.1", free_port()))
+        self.sock.bind((host, port or free_port()))
         self.sock.listen(256)
         self.port = self.sock.getsockname()[1]
         self.accepted = 0
@@ -407,7 +410,10 @@ class DbProxy:
 
     def _accept(self):
         while True:
-            client, _ = self.sock.accept()
+            try:
+                client, _ = self.sock.accept()
+            except OSError:     # closed (close())
+                return
             self.accepted += 1
             threading.Thread(target=self._open, args=(client,), daemon=True).start()
 
@@ -425,7 +431,12 @@ class DbProxy:
                 self.held.append(client)
                 return
         try:
-            server = socket.create_connection(("127.0.0.1", self.target), timeout=5)
+            if self.unix:
+                server = socket.socket(socket.AF_UNIX)
+                server.settimeout(5)
+                server.connect(self.unix)
+            else:
+                server = socket.create_connection(("127.0.0.1", self.target), timeout=5)
             server.settimeout(None)
         except OSError:
             client.close()
@@ -451,6 +462,11 @@ class DbProxy:
             except OSError:
                 pass
 
+    def close(self):
+        """Stops listening: new connections are refused."""
+        self.sock.shutdown(socket.SHUT_RDWR)
+        self.sock.close()
+
     def black_hole(self):
         """Cuts every connection passed on and holds the new ones."""
         with self.lock:
@@ -469,6 +485,47 @@ class DbProxy:
             for s in self.held:
                 s.close()
             self.held = []
+
+
+def pg_socket():
+    """The test PostgreSQL's Unix socket, when the test URL uses one."""
+    for word in DB_URL.split():
+        if word.startswith("host=/"):
+            return f"{word[5:]}/.s.PGSQL.{os.environ['IDEM_TEST_PGPORT']}"
+    return None
+
+
+def in_netns(tag):
+    """Runs the calling test again in a network namespace of its own, as
+    root: its own loopback (tc rules there touch no one else's traffic)
+    and its own /etc/resolv.conf (ip netns exec binds
+    /etc/netns/NS/resolv.conf over it), naming a resolver on that
+    loopback that waits 30 s for an answer. PostgreSQL is reached through
+    its Unix socket (DbProxy(unix=pg_socket())). Returns inside the
+    namespace; outside, exits with the inner run's status."""
+    if os.environ.get("IDEM_TEST_NETNS"):
+        return os.environ["IDEM_TEST_NETNS"]
+    if os.geteuid() != 0 or not shutil.which("ip") or not pg_socket():
+        print("1..0 # SKIP needs root, iproute2 and the test database's Unix socket")
+        sys.exit(0)
+    ns = f"idem-{tag}-{os.getpid()}"
+    etc = f"/etc/netns/{ns}"
+    os.makedirs(etc, exist_ok=True)
+    with open(f"{etc}/resolv.conf", "w") as f:
+        f.write("nameserver 127.0.0.1\noptions timeout:30 attempts:1\n")
+    subprocess.run(["ip", "netns", "add", ns], check=True)
+    try:
+        subprocess.run(["ip", "netns", "exec", ns, "ip", "link", "set", "lo", "up"],
+                       check=True)
+        env = dict(os.environ, IDEM_TEST_NETNS=ns)
+        # A bound on a hang, far above need.
+        rc = subprocess.run(["ip", "netns", "exec", ns, sys.executable,
+                             os.path.abspath(sys.argv[0])], env=env,
+                            timeout=600).returncode
+    finally:
+        subprocess.run(["ip", "netns", "del", ns])
+        shutil.rmtree(etc, ignore_errors=True)
+    sys.exit(rc)
 
 
 _running = []

@@ -1,0 +1,206 @@
+"""No name lookup on a worker's event loop (issue 29).
+
+libpq resolves a host name with a blocking getaddrinfo() inside
+PQconnectStartParams(): with the database URL naming its host, a worker
+waited on the resolver before it served anything, static files included
+(a static request waited 9.2 s behind a 0.5 s resolver). The service now
+resolves the URL's names in a thread of its own and gives libpq the
+address (hostaddr) with the name.
+
+The test runs in a network namespace of its own (harness.in_netns) whose
+resolv.conf names a resolver on its loopback, served here: it can hold
+every query unanswered, fail every query (SERVFAIL), or answer. The
+verdicts are conditions: a static request is answered while the resolver
+still holds the worker's query; a request that needs the database gets
+its 503 with Retry-After while the query is still held, and while the
+resolver fails; a name that resolves again, or to another address after
+a connection failure, is used without a restart."""
+
+import os
+import socket
+import struct
+import sys
+import threading
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "lib"))
+from harness import (Api, DbProxy, Tap, in_netns, new_key, pg_socket,  # noqa: E402
+                     quote, request, sql, sql_value, wait_until)
+
+in_netns("dns")
+
+t = Tap()
+NAME = "db.idem.test"
+APP = "dns-api"
+TIMEOUT_MS = 2000
+
+
+class Resolver:
+    """A DNS server on 127.0.0.1:53 of the namespace: A queries for NAME
+    answered with self.address, held unanswered (hold), or refused with
+    SERVFAIL (fail); any other query gets an empty answer."""
+
+    def __init__(self):
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        self.sock.bind(("127.0.0.1", 53))
+        self.mode = "hold"
+        self.address = "127.0.0.1"
+        self.queries = 0
+        self.answered = 0
+        self.held = []
+        self.lock = threading.Lock()
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self):
+        while True:
+            data, peer = self.sock.recvfrom(512)
+            with self.lock:
+                self.queries += 1
+                if self.mode == "hold":
+                    self.held.append((data, peer))
+                    continue
+                self._answer(data, peer)
+
+    def _answer(self, query, peer):
+        qid, _, qd = struct.unpack(">HHH", query[:6])[:3]
+        end = 12
+        while query[end] != 0:
+            end += query[end] + 1
+        question = query[12:end + 5]
+        qname = []
+        i = 12
+        while query[i] != 0:
+            qname.append(query[i + 1:i + 1 + query[i]].decode())
+            i += query[i] + 1
+        qtype = struct.unpack(">H", query[end + 1:end + 3])[0]
+        flags, answers = 0x8180, b""
+        if self.mode == "fail":
+            flags = 0x8182
+        elif ".".join(qname).lower() == NAME and qtype == 1:
+            answers = (b"\xc0\x0c" + struct.pack(">HHIH", 1, 1, 0, 4)
+                       + socket.inet_aton(self.address))
+        header = struct.pack(">HHHHHH", qid, flags, 1, 1 if answers else 0, 0, 0)
+        self.sock.sendto(header + question + answers, peer)
+        self.answered += 1
+
+    def set(self, mode, address=None):
+        with self.lock:
+            self.mode = mode
+            if address:
+                self.address = address
+            if mode != "hold":
+                for data, peer in self.held:
+                    self._answer(data, peer)
+                self.held = []
+
+
+def url(port):
+    db = sql_value("select current_database()")
+    return (f"host={NAME} port={port} dbname={db} user=idem sslmode=disable "
+            f"gssencmode=disable connect_timeout=3 application_name={APP}")
+
+
+def order(api):
+    return api.post("/v1/orders", {"customer_id": "c-dns", "amount": 100,
+                                   "currency": "RUB"},
+                    key=new_key("dns"), timeout=30)
+
+
+def healthz(api):
+    try:
+        return request(api.port, "GET", "/healthz", timeout=5)
+    except OSError:
+        return None
+
+
+def up(api):
+    r = healthz(api)
+    return r is not None and r.status == 200
+
+
+dns = Resolver()
+pg = DbProxy(unix=pg_socket())
+api = None
+try:
+    # 1. A resolver that holds every query.
+    api = Api(name="dns-api", conf_extra=["workers 1", "pgsql_conn_max 4"],
+              IDEM_DB_TIMEOUT_MS=TIMEOUT_MS)
+    api.env["IDEM_DATABASE_URL"] = url(pg.port)
+    super(Api, api).start(lambda: True)
+    wait_until(lambda: dns.queries > 0, "the worker to ask the resolver")
+    workers = api.workers()
+
+    try:
+        static = request(api.port, "GET", "/openapi.json", timeout=20)
+    except OSError as e:
+        static = e
+    held = dns.answered == 0 and dns.mode == "hold"
+    t.ok(getattr(static, "status", None) == 200 and held,
+         "a static request is answered while the resolver holds the worker's query",
+         f"{static!r}, resolver answered {dns.answered}")
+
+    try:
+        r = order(api)
+    except OSError as e:
+        r = e
+    t.ok(getattr(r, "status", None) == 503 and "retry-after" in r.headers
+         and dns.answered == 0,
+         "an order is answered 503 with Retry-After within its deadline, "
+         "while the query is still held", repr(r))
+    r = healthz(api)
+    t.ok(r is not None and r.status == 503 and dns.answered == 0,
+         "/healthz is answered 503 while the query is held", repr(r))
+
+    # The resolver answers: the worker connects, without a restart.
+    dns.set("answer")
+    wait_until(lambda: up(api), "/healthz 200 once the name resolves")
+    r = order(api)
+    t.eq(r.status, 201, "an order is made once the name resolves")
+    t.eq(api.workers(), workers, "no worker died or was replaced")
+    log = api.read_log()
+    t.ok("sandbox violation" not in log and "SIGSYS" not in log,
+         "the resolver thread stays within the worker's seccomp filter")
+    api.stop()
+
+    # 2. A resolver that fails: every request that needs the database is
+    # refused at once (no address to try), and the name is asked again.
+    dns.set("fail")
+    before = dns.queries
+    api = Api(name="dns-api-fail", conf_extra=["workers 1", "pgsql_conn_max 4"],
+              IDEM_DB_TIMEOUT_MS=TIMEOUT_MS)
+    api.env["IDEM_DATABASE_URL"] = url(pg.port)
+    super(Api, api).start(lambda: True)
+    wait_until(lambda: dns.queries > before, "the worker to ask the resolver")
+    wait_until(lambda: "host name not resolved" in api.read_log(),
+               "the worker to log the failed resolution")
+    r = healthz(api)
+    t.ok(r is not None and r.status == 503 and "not resolved" in r.body.decode(),
+         "/healthz says the host name does not resolve", repr(r))
+    r = order(api)
+    t.ok(r.status == 503 and "retry-after" in r.headers,
+         "an order is answered 503 with Retry-After while the resolver fails", repr(r))
+    asked = dns.queries
+    wait_until(lambda: dns.queries > asked + 1, "the name to be asked again")
+    t.ok(True, "a failed name is asked again")
+
+    dns.set("answer")
+    wait_until(lambda: up(api), "/healthz 200 once the resolver answers")
+    t.eq(order(api).status, 201, "an order is made once the resolver answers")
+
+    # 3. The database moves to another address: connections fail at the
+    # old one, the name is asked again and the new address used.
+    moved = DbProxy(unix=pg_socket(), host="127.0.0.2", port=pg.port)
+    dns.set("answer", "127.0.0.2")
+    pg.close()
+    sql("select pg_terminate_backend(pid) from pg_stat_activity "
+        f"where application_name = {quote(APP)}")
+    wait_until(lambda: up(api) and moved.accepted > 0,
+               "connections to the new address")
+    t.eq(order(api).status, 201, "an order is made at the new address")
+    t.ok(moved.accepted > 0, "the name was resolved again after the "
+         "connections failed at its old address")
+finally:
+    dns.set("answer")
+    if api is not None:
+        api.stop()
+
+t.done()
