@@ -14,6 +14,7 @@ import http.client
 import json
 import os
 import random
+import re
 import shutil
 import signal
 import socket
@@ -383,14 +384,25 @@ class DbProxy:
     days: it waits `delay` before it passes a new connection on (a slow or
     distant server), holds new connections without ever passing them on
     while `hold` is set (an address that accepts and never answers), and
-    cuts the connections it passed on (black_hole())."""
+    cuts the connections it passed on (black_hole()).
 
-    def __init__(self, delay=0.0, target=None):
+    In front of an HTTP server (http=True, a provider), it first reads each
+    connection's whole first request (its headers and Content-Length bytes
+    of body), keeps it in `requests` and counts it in `sent`, then waits
+    `delay` and passes it on: a test sees that a given request is on the
+    wire, whole, by its bytes (requested()), whatever else its API sends
+    through the proxy (a recovery job's call), and may kill the API then
+    knowing that the server will get all of it."""
+
+    def __init__(self, delay=0.0, target=None, http=False):
         # Another loopback server (a provider) instead of PostgreSQL.
         self.target = target or int(os.environ["IDEM_TEST_PGPORT"])
         # Connections whose client has sent its first bytes (a request on
-        # the wire), counted before the delay.
+        # the wire), counted before the delay; with http, its whole first
+        # request, kept in requests.
         self.sent = 0
+        self.http = http
+        self.requests = []
         self.delay = delay
         self.sock = socket.socket()
         self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -410,8 +422,43 @@ class DbProxy:
             self.accepted += 1
             threading.Thread(target=self._open, args=(client,), daemon=True).start()
 
+    def requested(self, text):
+        """True once a whole first request containing text has come in."""
+        with self.lock:
+            return any(text.encode() in r for r in self.requests)
+
+    @staticmethod
+    def _read_request(client):
+        """An HTTP request's bytes, read whole (or as far as the client
+        sent it before it closed)."""
+        data = b""
+        try:
+            while b"\r\n\r\n" not in data:
+                chunk = client.recv(65536)
+                if not chunk:
+                    return data
+                data += chunk
+            head, _, body = data.partition(b"\r\n\r\n")
+            length = re.search(rb"(?im)^content-length:[ \t]*(\d+)", head)
+            need = int(length.group(1)) if length else 0
+            while len(body) < need:
+                chunk = client.recv(65536)
+                if not chunk:
+                    break
+                body += chunk
+                data += chunk
+        except OSError:
+            pass
+        return data
+
     def _open(self, client):
-        if self.delay:
+        first = b""
+        if self.http:
+            first = self._read_request(client)
+            with self.lock:
+                self.requests.append(first)
+                self.sent += 1
+        elif self.delay:
             try:
                 client.recv(1, socket.MSG_PEEK)
             except OSError:
@@ -431,6 +478,11 @@ class DbProxy:
             return
         with self.lock:
             self.open.extend([client, server])
+        if first:
+            try:
+                server.sendall(first)
+            except OSError:
+                pass
         for a, b in ((client, server), (server, client)):
             threading.Thread(target=self._pump, args=(a, b), daemon=True).start()
 
