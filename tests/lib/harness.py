@@ -30,6 +30,11 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 DB_URL = os.environ.get("IDEM_TEST_DATABASE_URL", "")
 TMP = os.environ.get("IDEM_TEST_TMP", "/tmp")
 TOKENS = {"shop-1": "dev-shop-1", "shop-2": "dev-shop-2"}
+# wait_until()'s and Background's default bound: a bound on a hang, never a
+# verdict on speed. Every wait is for a condition (a row, a log line, a
+# state the service reports) that comes in well under a second on a quiet
+# machine and in a few seconds beside make test-loaded's CPU hog; a test
+# whose condition may rightly take longer passes its own, named bound.
 WAIT_SECONDS = 20
 
 
