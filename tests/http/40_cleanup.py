@@ -8,8 +8,8 @@ import sys
 import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "lib"))
-from harness import (Api, Provider, Tap, key_row, metric, new_key, quote,  # noqa: E402
-                     request, sql, sql_value, wait_until)
+from harness import (Api, Provider, Tap, database_errors, key_row, metric,  # noqa: E402
+                     new_key, quote, request, sql, sql_value, wait_until)
 
 t = Tap()
 # Bounds on a hang only, far above what the conditions need: the job runs
@@ -118,8 +118,10 @@ wait_until(lambda: sum(metric(a.port, "idem_cleanup_deleted_keys_total")
            timeout=HANG_BOUND)
 counts = [metric(a.port, "idem_cleanup_deleted_keys_total") for a in pair]
 t.eq(sum(counts), 3000, f"two instances together deleted each key once ({counts})")
-t.ok(all("database call failed" not in a.read_log() for a in pair),
-     "neither instance saw a database error")
+# Not the readiness poll's /healthz that waited out its own bound for the
+# health pool's first connection: a 503 then is the service's right answer.
+errors = [database_errors(a.read_log()) for a in pair]
+t.eq(errors, [[], []], "neither instance saw a database error")
 for a in pair:
     a.stop()
 provider.stop()

@@ -15,7 +15,7 @@ import threading
 import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "lib"))
-from harness import Api, Tap, cluster, new_key, wait_until  # noqa: E402
+from harness import Api, Tap, cluster, database_errors, new_key, wait_until  # noqa: E402
 
 t = Tap()
 # A deadline far above what an answer should take, so that a request that
@@ -79,9 +79,10 @@ SLEPT_S = 3
 slow = sorted((round(took, 2), status) for started, took, status in answers if took > SLEPT_S)
 t.eq(slow, [], f"each of {len(answers)} orders through {len(outages)} outages was answered"
      f" within {SLEPT_S} s, none slept in the queue for a connection")
-log = api.read_log()
-t.eq(log.count("no database connection came free"), 0,
-     "no request gave up waiting for a pooled connection")
+# Not the readiness poll's /healthz at the start, which may wait out its
+# own bound (under a second) for the health pool's first connection.
+gave_up = [l for l in database_errors(api.read_log()) if "no database connection came free" in l]
+t.eq(gave_up, [], "no request gave up waiting for a pooled connection")
 t.ok(sum(1 for a in answers if a[2] == 503) > 0, "the outages were seen (503s)")
 api.stop()
 t.done()
