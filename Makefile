@@ -1,7 +1,7 @@
 # The README's commands. Each target installs what a fresh Debian 12
 # machine lacks (as root) before it builds.
 
-.PHONY: all build prod run demo test test-sanitize soak fuzz db stop reset api provider bench bench-schema deps clean \
+.PHONY: all build prod run demo test test-sanitize test-loaded soak fuzz db stop reset api provider bench bench-schema deps clean \
 	cluster cluster-failover cluster-reset test-cluster test-edge test-upgrade
 
 all: build
@@ -26,6 +26,9 @@ test:
 
 test-sanitize:
 	@IDEM_TEST_FLAVOR=sanitize scripts/test
+
+test-loaded:
+	@scripts/test-loaded
 
 soak:
 	@scripts/soak

@@ -15,12 +15,15 @@ import threading
 import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "lib"))
-from harness import Api, Tap, cluster, new_key, request, wait_until  # noqa: E402
+from harness import Api, Tap, cluster, database_errors, new_key, wait_until  # noqa: E402
 
 t = Tap()
 # A deadline far above what an answer should take, so that a request that
 # sleeps in the queue until it is seen as such.
 DEADLINE_MS = 8000
+# A bound on a hang only: the conditions waited on come within a second or
+# two even on a loaded machine.
+HANG_BOUND = 60
 api = Api(IDEM_DB_TIMEOUT_MS=DEADLINE_MS).start()
 answers = []
 stop = threading.Event()
@@ -46,14 +49,20 @@ outages = []
 try:
     for i in range(3):
         wait_until(lambda: sum(1 for a in answers if a[2] == 201) >= 100 * (i + 1),
-                   "orders before the outage", timeout=60)
+                   "orders before the outage", timeout=HANG_BOUND)
         down = time.monotonic()
         cluster("stop")
         time.sleep(2)
         cluster("start")
-        outages.append((down, time.monotonic()))
-        wait_until(lambda: request(api.port, "GET", "/healthz").status == 200,
-                   "the API to find the database again", timeout=30)
+        up = time.monotonic()
+        outages.append((down, up))
+        # An order sent after the restart succeeds: the API serves again.
+        # Not a /healthz poll: a health check's call has a bound of its own
+        # (under a second), and one that finds the pool still connecting
+        # under load says "no database connection came free" too, which the
+        # count below would take for an order that gave up.
+        wait_until(lambda: any(a[0] > up and a[2] == 201 for a in answers),
+                   "the API to serve orders again", timeout=HANG_BOUND)
     time.sleep(2)
 finally:
     stop.set()
@@ -63,12 +72,17 @@ finally:
 
 statuses = {a[2] for a in answers}
 t.ok(statuses <= {201, 503}, "every answer was a 201 or a 503", statuses)
-slow = sorted((round(took, 2), status) for started, took, status in answers if took > 3)
+# Still a duration: an order answered at once takes milliseconds, one that
+# slept in the queue through an outage (2 s of a stopped database, with its
+# stop and start) or until its deadline takes longer than this.
+SLEPT_S = 3
+slow = sorted((round(took, 2), status) for started, took, status in answers if took > SLEPT_S)
 t.eq(slow, [], f"each of {len(answers)} orders through {len(outages)} outages was answered"
-     " within 3 s, none slept in the queue for a connection")
-log = api.read_log()
-t.eq(log.count("no database connection came free"), 0,
-     "no request gave up waiting for a pooled connection")
+     f" within {SLEPT_S} s, none slept in the queue for a connection")
+# Not the readiness poll's /healthz at the start, which may wait out its
+# own bound (under a second) for the health pool's first connection.
+gave_up = [l for l in database_errors(api.read_log()) if "no database connection came free" in l]
+t.eq(gave_up, [], "no request gave up waiting for a pooled connection")
 t.ok(sum(1 for a in answers if a[2] == 503) > 0, "the outages were seen (503s)")
 api.stop()
 t.done()

@@ -14,6 +14,7 @@ import http.client
 import json
 import os
 import random
+import re
 import shutil
 import signal
 import socket
@@ -29,6 +30,11 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 DB_URL = os.environ.get("IDEM_TEST_DATABASE_URL", "")
 TMP = os.environ.get("IDEM_TEST_TMP", "/tmp")
 TOKENS = {"shop-1": "dev-shop-1", "shop-2": "dev-shop-2"}
+# wait_until()'s and Background's default bound: a bound on a hang, never a
+# verdict on speed. Every wait is for a condition (a row, a log line, a
+# state the service reports) that comes in well under a second on a quiet
+# machine and in a few seconds beside make test-loaded's CPU hog; a test
+# whose condition may rightly take longer passes its own, named bound.
 WAIT_SECONDS = 20
 
 
@@ -304,6 +310,34 @@ def cluster(action):
                     '"$IDEM_TEST_PGDATA" "$IDEM_TEST_PGPORT"'], check=True)
 
 
+# A health check's call waits for its pool's connection under a second in
+# all (DB_HEALTH_TIMEOUT_MS in src/core/db.c), then /healthz answers 503.
+HEALTH_GAVE_UP = "database call failed (timeout): no database connection came free in time"
+
+
+def database_errors(log):
+    """The "database call failed" lines of a server's log, but those of a
+    /healthz that waited out its own bound for the health pool's connection
+    and answered 503: a worker that has just started (or found the database
+    again) on a loaded machine may still be making that connection when the
+    harness's readiness poll comes, and a 503 within a second is then the
+    service's right answer. Such a line is the one followed, among its
+    worker's access lines, by that /healthz 503 (outcome=db_error); any
+    other call's give-up is kept."""
+    lines = log.splitlines()
+    errors = []
+    for i, line in enumerate(lines):
+        if "database call failed" not in line:
+            continue
+        worker = line.split("]:", 1)[0]
+        if line.endswith(HEALTH_GAVE_UP):
+            nxt = next((l for l in lines[i + 1:] if l.startswith(worker + "]: access ")), "")
+            if " path=/healthz status=503 " in nxt and "outcome=db_error" in nxt:
+                continue
+        errors.append(line)
+    return errors
+
+
 def metric(port, name, labels=""):
     """The value of one metric line of GET /metrics."""
     text = request(port, "GET", "/metrics").body.decode()
@@ -384,17 +418,28 @@ class DbProxy:
     days: it waits `delay` before it passes a new connection on (a slow or
     distant server), holds new connections without ever passing them on
     while `hold` is set (an address that accepts and never answers), and
-    cuts the connections it passed on (black_hole())."""
+    cuts the connections it passed on (black_hole()).
+
+    In front of an HTTP server (http=True, a provider), it first reads each
+    connection's whole first request (its headers and Content-Length bytes
+    of body), keeps it in `requests` and counts it in `sent`, then waits
+    `delay` and passes it on: a test sees that a given request is on the
+    wire, whole, by its bytes (requested()), whatever else its API sends
+    through the proxy (a recovery job's call), and may kill the API then
+    knowing that the server will get all of it."""
 
     def __init__(self, delay=0.0, target=None, unix=None, host="127.0.0.1",
-                 port=None):
+                 port=None, http=False):
         # Another loopback server (a provider) instead of PostgreSQL, or
         # PostgreSQL's Unix socket (reachable from a network namespace).
         self.target = target or int(os.environ["IDEM_TEST_PGPORT"])
         self.unix = unix
         # Connections whose client has sent its first bytes (a request on
-        # the wire), counted before the delay.
+        # the wire), counted before the delay; with http, its whole first
+        # request, kept in requests.
         self.sent = 0
+        self.http = http
+        self.requests = []
         self.delay = delay
         self.sock = socket.socket()
         self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -417,8 +462,43 @@ class DbProxy:
             self.accepted += 1
             threading.Thread(target=self._open, args=(client,), daemon=True).start()
 
+    def requested(self, text):
+        """True once a whole first request containing text has come in."""
+        with self.lock:
+            return any(text.encode() in r for r in self.requests)
+
+    @staticmethod
+    def _read_request(client):
+        """An HTTP request's bytes, read whole (or as far as the client
+        sent it before it closed)."""
+        data = b""
+        try:
+            while b"\r\n\r\n" not in data:
+                chunk = client.recv(65536)
+                if not chunk:
+                    return data
+                data += chunk
+            head, _, body = data.partition(b"\r\n\r\n")
+            length = re.search(rb"(?im)^content-length:[ \t]*(\d+)", head)
+            need = int(length.group(1)) if length else 0
+            while len(body) < need:
+                chunk = client.recv(65536)
+                if not chunk:
+                    break
+                body += chunk
+                data += chunk
+        except OSError:
+            pass
+        return data
+
     def _open(self, client):
-        if self.delay:
+        first = b""
+        if self.http:
+            first = self._read_request(client)
+            with self.lock:
+                self.requests.append(first)
+                self.sent += 1
+        elif self.delay:
             try:
                 client.recv(1, socket.MSG_PEEK)
             except OSError:
@@ -443,6 +523,11 @@ class DbProxy:
             return
         with self.lock:
             self.open.extend([client, server])
+        if first:
+            try:
+                server.sendall(first)
+            except OSError:
+                pass
         for a, b in ((client, server), (server, client)):
             threading.Thread(target=self._pump, args=(a, b), daemon=True).start()
 
