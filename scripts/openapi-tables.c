@@ -1,9 +1,12 @@
 /*
  * Prints the route table and the operations' tables as JSON, for
  * scripts/openapi.py: the compiler reads the C, not a pattern. Linked with
- * the files of src/operations/ alone (scripts/openapi.py builds it at every build,
- * without DEV_ROUTES), its references to the rest of the service left
- * unresolved: nothing here calls them. The strategies and the parsers of
+ * the files of src/operations/ and src/core/idem_input.c alone
+ * (scripts/openapi.py builds it at every build, without DEV_ROUTES), its
+ * references to the rest of the service left unresolved: nothing here
+ * calls them. A body field's limits and its rule in words are the
+ * validator's own (idem_field_limits, idem_field_rule), so that the
+ * document says what a 400 says. The strategies and the parsers of
  * a read's argument are stand-ins defined below, so that a table's
  * pointer to one tells which it is.
  */
@@ -20,6 +23,7 @@
 
 static void	string(const char *);
 static void	fields(const char *, const struct idem_field *, size_t);
+static void	limits(const char *, const struct idem_field *);
 static void	fail(const char *, const char *) __attribute__((noreturn));
 
 int
@@ -147,6 +151,12 @@ main(void)
 					    "table has)");
 			}
 			fields("fields", op->fields, op->nfields);
+			printf(",\"limits\":[");
+			for (n = 0; n < op->nfields; n++) {
+				printf("%s", n > 0 ? "," : "");
+				limits(idem_routes[i].label, &op->fields[n]);
+			}
+			printf("]");
 		}
 
 		if (op->answer == NULL || op->nanswer == 0)
@@ -189,6 +199,41 @@ fields(const char *member, const struct idem_field *f, size_t n)
 		printf("}");
 	}
 	printf("]");
+}
+
+/*
+ * A body field's limits, its kind's narrowed by its own, and its rule in
+ * words; a limit that does not narrow its kind's stops the build.
+ */
+static void
+limits(const char *route, const struct idem_field *f)
+{
+	struct idem_limits	l;
+	const char		*why;
+	char			rule[IDEM_RULE_LEN], where[256];
+
+	if (!idem_field_limits(f, &l, &why)) {
+		(void)snprintf(where, sizeof(where), "%s: field %s", route,
+		    f->name);
+		fail(where, why);
+	}
+	idem_field_rule(f, rule, sizeof(rule));
+
+	printf("{\"integer\":%d", l.integer);
+	if (l.integer) {
+		printf(",\"minimum\":%lld,\"maximum\":%lld,\"nonzero\":%d",
+		    (long long)l.min, (long long)l.max, l.nonzero);
+	} else {
+		printf(",\"minLength\":%zu,\"maxLength\":%zu", l.minlen,
+		    l.maxlen);
+	}
+	printf(",\"pattern\":");
+	string(l.pattern);
+	printf(",\"values\":");
+	string(l.values);
+	printf(",\"rule\":");
+	string(rule);
+	printf("}");
 }
 
 /* A JSON string, or null. */

@@ -84,20 +84,7 @@ def obj(props, required=None, desc=None):
     return s
 
 
-# --- body fields: the kinds of src/core/idem.c (idem_field_check) ----------
-
-def f_amount(desc):
-    return {"type": "integer", "minimum": 1, "maximum": MAX,
-            "description": desc + " An integer count of minor units "
-            "(kopecks, cents), 1 to 2^53-1; a float, a string or a "
-            "negative is a 400."}
-
-
-def f_points(desc):
-    return {"type": "integer", "minimum": -MAX, "maximum": MAX,
-            "not": {"const": 0}, "description": desc +
-            " A non-zero integer, -(2^53-1) to 2^53-1."}
-
+# --- the schemas of a read's argument and of an answer's members ------------
 
 def f_positive(desc):
     return {"type": "integer", "minimum": 1, "maximum": MAX,
@@ -114,18 +101,6 @@ def f_id(desc):
             "pattern": "^[^\\u0000-\\u001f\\u007f]+$",
             "description": desc + " 1 to 128 bytes of UTF-8 without "
             "control characters."}
-
-
-def f_text(desc):
-    return {"type": "string", "maxLength": 1024,
-            "pattern": "^[^\\u0000]*$",
-            "description": desc + " At most 1024 bytes of UTF-8, no NUL."}
-
-
-def f_token(desc):
-    return {"type": "string", "minLength": 1, "maxLength": 255,
-            "pattern": "^[!-~]+$",
-            "description": desc + " 1 to 255 visible ASCII characters."}
 
 
 def body(props, required, fingerprint, example):
@@ -321,7 +296,8 @@ def c_tables():
         cmd = (shlex.split(os.environ.get("CC", "cc")) +
                ["-std=c99", "-D_GNU_SOURCE", "-w", "-I" + pg] +
                sorted(set(include_dirs())) +
-               ["-o", exe, "scripts/openapi-tables.c"] + ops +
+               ["-o", exe, "scripts/openapi-tables.c",
+                "src/core/idem_input.c"] + ops +
                ["-no-pie", "-Wl,--unresolved-symbols=ignore-all"])
         try:
             r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
@@ -430,17 +406,43 @@ def sql_problems(func, seen=None):
     return [s for i, s in enumerate(found) if s not in found[:i]]
 
 
-def field_schema(f):
-    """A body field's schema, as idem_field_check() checks its kind."""
+# The schema of a body field's kind beyond its limits: what the C checks
+# by code (idem_input.c, kind_valid), in the document's words.
+KIND_SCHEMA = {
+    "amount": {"type": "integer"},
+    "points": {"type": "integer"},
+    "ref": {"type": "integer"},
+    "positive": {"type": "integer"},
+    "currency": {"type": "string", "pattern": "^[A-Z]{3}$"},
+    "id": {"type": "string", "pattern": "^[^\\u0000-\\u001f\\u007f]+$"},
+    "text": {"type": "string", "pattern": "^[^\\u0000]*$"},
+    "token": {"type": "string", "pattern": "^[!-~]+$"},
+}
+
+
+def field_schema(f, limits):
+    """A body field's schema: its kind's, with the limits the tables'
+    reader computed as the validator does (idem_field_limits) and the
+    rule its 400 says (idem_field_rule) as its description."""
     kind, desc = f["kind"], f["doc"]
-    s = {"amount": f_amount, "points": f_points, "id": f_id, "text": f_text,
-         "ref": f_positive, "positive": f_positive, "token": f_token,
-         "currency": lambda d: dict(f_currency(), description=d + " " +
-                                    f_currency()["description"])}
-    if kind not in s:
+    if kind not in KIND_SCHEMA:
         sys.exit(f"openapi.py: field {f['name']}: a {kind} is not a body "
                  "field's kind")
-    s = s[kind](desc)
+    s = dict(KIND_SCHEMA[kind])
+    if limits["integer"]:
+        s["minimum"], s["maximum"] = limits["minimum"], limits["maximum"]
+        if limits["nonzero"]:
+            s["not"] = {"const": 0}
+    else:
+        if limits["minLength"]:
+            s["minLength"] = limits["minLength"]
+        s["maxLength"] = limits["maxLength"]
+        if limits["pattern"]:
+            s["allOf"] = [{"pattern": limits["pattern"]}]
+        if limits["values"]:
+            s["enum"] = limits["values"].split("|")
+    rule = limits["rule"]
+    s["description"] = f"{desc} {rule[0].upper()}{rule[1:]}."
     s["x-idem-kind"] = kind
     return s
 
@@ -449,15 +451,21 @@ EXAMPLE = {"amount": 10000, "points": 500, "currency": "RUB", "text": "gift",
            "ref": 17, "positive": 300, "token": "tok_visa"}
 
 
-def request_schema(fields):
+def request_schema(fields, limits):
     example, n = {}, 0
-    for f in fields:
+    for f, l in zip(fields, limits):
         if f["kind"] == "id":
             n += 1
             example[f["name"]] = f"c-{n}"
+        elif l["values"]:
+            example[f["name"]] = l["values"].split("|")[0]
         else:
             example[f["name"]] = EXAMPLE[f["kind"]]
-    return body({f["name"]: field_schema(f) for f in fields},
+            if l["integer"] and not (l["minimum"] <= example[f["name"]] <=
+                                     l["maximum"]):
+                example[f["name"]] = l["maximum"]
+    return body({f["name"]: field_schema(f, l)
+                 for f, l in zip(fields, limits)},
                 [f["name"] for f in fields if f["required"]],
                 [f["name"] for f in fields if f["fingerprint"]], example)
 
@@ -558,7 +566,8 @@ def operations():
             continue
         name = camel(route["name"])
         SCHEMAS[name] = answer_schema(name, route["answer"], SCHEMAS)
-        SCHEMAS[name + "Request"] = request_schema(route["fields"])
+        SCHEMAS[name + "Request"] = request_schema(route["fields"],
+                                                   route["limits"])
         strategy, funcs = SQL_OPS.get(route["name"], (None, []))
         if strategy != route["strategy"]:
             sys.exit(f"openapi.py: {label}: no migration of sql/ registers "

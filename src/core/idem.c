@@ -32,18 +32,6 @@ static int	header_count(struct http_request *, const char *);
 static void	fingerprint(struct idem_request *);
 static int	problem_outcome(int);
 
-static const char	*field_rules[] = {
-	[FIELD_AMOUNT] = "an integer count of minor units from 1 to "
-	    "9007199254740991",
-	[FIELD_POINTS] = "a non-zero integer from -9007199254740991 to "
-	    "9007199254740991",
-	[FIELD_CURRENCY] = "three upper-case ASCII letters",
-	[FIELD_ID] = "a string of 1 to 128 bytes without control characters",
-	[FIELD_TEXT] = "a string of at most 1024 bytes without NUL",
-	[FIELD_REF] = "an integer id from 1 to 9007199254740991",
-	[FIELD_POINTS_POSITIVE] = "an integer from 1 to 9007199254740991",
-	[FIELD_TOKEN] = "a string of 1 to 255 visible ASCII characters",
-};
 
 struct idem_request *
 idem_request(struct http_request *req, int route,
@@ -540,6 +528,7 @@ admit_fields(struct http_request *req, struct idem_request *r)
 	const struct idem_field	*f;
 	struct json_value	*v;
 	size_t			i;
+	char			rule[IDEM_RULE_LEN];
 
 	for (i = 0; i < r->op->nfields; i++) {
 		f = &r->op->fields[i];
@@ -549,14 +538,16 @@ admit_fields(struct http_request *req, struct idem_request *r)
 			continue;
 
 		if (v == NULL) {
+			idem_field_rule(f, rule, sizeof(rule));
 			(void)idem_fail(req, PROBLEM_INVALID_REQUEST,
-			    "%s is required: %s", f->name, field_rules[f->kind]);
+			    "%s is required: %s", f->name, rule);
 			return (KORE_RESULT_ERROR);
 		}
 
 		if (!idem_field_check(f, v)) {
+			idem_field_rule(f, rule, sizeof(rule));
 			(void)idem_fail(req, PROBLEM_INVALID_REQUEST,
-			    "%s must be %s", f->name, field_rules[f->kind]);
+			    "%s must be %s", f->name, rule);
 			return (KORE_RESULT_ERROR);
 		}
 	}

@@ -47,6 +47,20 @@
  * In an answer, required 0 means the member may be null; values, if set,
  * lists what a string may be ("pending|succeeded"), and items is the table
  * of a FIELD_LIST's rows (IDEM_ITEMS).
+ *
+ * A body field's kind gives its range (FIELD_AMOUNT: an integer from 1 to
+ * 2^53-1); the field may narrow it, never widen it, and the validator, the
+ * field's 400, the OpenAPI document and the bad-input catalogue all read
+ * the result (idem_field_limits):
+ *	IDEM_RANGE(lo, hi)	an integer's bounds, both included;
+ *	IDEM_LENGTH(lo, hi)	a string's length in bytes (0: the kind's);
+ *	.pattern		a POSIX extended regular expression the
+ *				string must match, written in what ECMA-262
+ *				reads alike (bracket expressions, anchors,
+ *				{n,m}; no \d or \w): the document's pattern;
+ *	.values			what the string may be ("EUR|RUB|USD").
+ * A limit outside the kind's, or on the wrong kind, stops the build
+ * (scripts/openapi-tables.c).
  */
 struct idem_field {
 	const char		*name;
@@ -57,7 +71,30 @@ struct idem_field {
 	const char		*values;
 	const struct idem_field	*items;
 	size_t			nitems;
+	int			ranged;
+	int64_t			min;
+	int64_t			max;
+	size_t			minlen;
+	size_t			maxlen;
+	const char		*pattern;
 };
+
+#define IDEM_RANGE(lo, hi)	.ranged = 1, .min = (lo), .max = (hi)
+#define IDEM_LENGTH(lo, hi)	.minlen = (lo), .maxlen = (hi)
+
+/* What a body field may hold: its kind's limits, narrowed by its own. */
+struct idem_limits {
+	int			integer;
+	int64_t			min;
+	int64_t			max;
+	int			nonzero;
+	size_t			minlen;
+	size_t			maxlen;
+	const char		*pattern;
+	const char		*values;
+};
+
+#define IDEM_RULE_LEN		512
 
 /* A table and its count, as members of an initializer. */
 #define IDEM_COUNT(t)		(sizeof(t) / sizeof((t)[0]))
@@ -190,6 +227,9 @@ int	idem_fail_db(struct http_request *, struct db_call *);
 int	idem_key_parse(const char *, char *);
 int	idem_id_valid(const char *, size_t);
 int	idem_field_check(const struct idem_field *, struct json_value *);
+int	idem_field_limits(const struct idem_field *, struct idem_limits *,
+	    const char **);
+void	idem_field_rule(const struct idem_field *, char *, size_t);
 int	idem_path_arg_parse(const char *, char *, size_t);
 int	idem_path_ref_parse(const char *, char *, size_t);
 int	idem_query_arg_parse(const char *, const char *, char *, size_t);

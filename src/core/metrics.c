@@ -47,18 +47,35 @@ struct metrics_header {
 /* 0 in the header's layout: the counters are being started again. */
 #define LAYOUT_RESETTING	0
 
-/* What follows the header: this build's counters. */
-struct metrics_shared {
-	u_int64_t	requests[ROUTE_MAX][OUTCOME_MAX];
-	u_int64_t	latency[ROUTE_MAX][LATENCY_BUCKETS + 1];
-	u_int64_t	latency_sum_ms[ROUTE_MAX];
-	u_int64_t	counters[COUNTER_MAX];
+/* A route's counters, indexed by its line in routes.c. */
+struct metrics_route {
+	u_int64_t	requests[OUTCOME_MAX];
+	u_int64_t	latency[LATENCY_BUCKETS + 1];
+	u_int64_t	latency_sum_ms;
 };
+
+/*
+ * What follows the header: this build's counters, then one row per route
+ * of the route table (idem_nroutes of them: the table sizes them, there
+ * is no fixed number of routes).
+ */
+struct metrics_shared {
+	u_int64_t		counters[COUNTER_MAX];
+	struct metrics_route	routes[];
+};
+
+/*
+ * How many routes the mapping holds: about 1,480. A table past that
+ * stops the service at start, naming it (metrics_init).
+ */
+#define METRICS_ROUTES_ROOM						\
+	((METRICS_MAP_SIZE - sizeof(struct metrics_header) -		\
+	sizeof(struct metrics_shared)) / sizeof(struct metrics_route))
 
 _Static_assert(sizeof(struct metrics_header) == 64,
     "the header is the same in every build");
-_Static_assert(sizeof(struct metrics_header) + sizeof(struct metrics_shared) <=
-    METRICS_MAP_SIZE, "the counters fit the mapping");
+_Static_assert(METRICS_ROUTES_ROOM >= 1024,
+    "the mapping holds a thousand routes");
 
 static void	serve_requests(struct kore_buf *, const struct metrics_shared *);
 static void	serve_latency(struct kore_buf *, const struct metrics_shared *);
@@ -68,6 +85,7 @@ static u_int64_t	load(const u_int64_t *);
 static u_int64_t	layout_of_build(void);
 static u_int64_t	layout_hash(u_int64_t, const void *, size_t);
 static int		current(void);
+static size_t		shared_size(void);
 
 static const char	unavailable[] = "the counters are another build's (a "
     "reload in progress) or this build has more routes than they hold\n";
@@ -117,9 +135,10 @@ metrics_init(void)
 	struct metrics_anchor	*anchor;
 
 	/* The counters of a route are indexed by its line in routes.c. */
-	if (idem_nroutes > ROUTE_MAX)
-		fatal("%s: %zu routes, room for %d", __func__, idem_nroutes,
-		    ROUTE_MAX);
+	if (idem_nroutes > METRICS_ROUTES_ROOM)
+		fatal("%s: %zu routes, the metrics' mapping holds %zu "
+		    "(METRICS_MAP_SIZE in src/core/metrics.c)", __func__,
+		    idem_nroutes, (size_t)METRICS_ROUTES_ROOM);
 
 	header = mmap(NULL, METRICS_MAP_SIZE, PROT_READ | PROT_WRITE,
 	    MAP_SHARED | MAP_ANONYMOUS, -1, 0);
@@ -164,10 +183,11 @@ metrics_attach(void)
 
 	header = anchor->header;
 
-	/* A reload cannot grow the table past the room of the counters. */
-	if (idem_nroutes > ROUTE_MAX) {
-		kore_log(LOG_ERR, "metrics: %zu routes, room for %d: none are "
-		    "counted until a restart", idem_nroutes, ROUTE_MAX);
+	/* A reload cannot grow the table past the room of the mapping. */
+	if (idem_nroutes > METRICS_ROUTES_ROOM) {
+		kore_log(LOG_ERR, "metrics: %zu routes, the mapping holds %zu: "
+		    "none are counted until a restart", idem_nroutes,
+		    (size_t)METRICS_ROUTES_ROOM);
 		return;
 	}
 
@@ -184,7 +204,7 @@ metrics_attach(void)
 	if (old != layout && old != LAYOUT_RESETTING &&
 	    __atomic_compare_exchange_n(&header->layout, &old,
 	    LAYOUT_RESETTING, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE)) {
-		memset(shared, 0, sizeof(*shared));
+		memset(shared, 0, shared_size());
 		__atomic_store_n(&header->layout, layout, __ATOMIC_RELEASE);
 		kore_log(LOG_NOTICE, "metrics: the new build lays its counters "
 		    "out otherwise (routes, outcomes or counters changed): "
@@ -220,6 +240,9 @@ layout_of_build(void)
 	h = layout_hash(h, &size, sizeof(size));
 	size = sizeof(struct metrics_shared);
 	h = layout_hash(h, &size, sizeof(size));
+	size = sizeof(struct metrics_route);
+	h = layout_hash(h, &size, sizeof(size));
+	h = layout_hash(h, &idem_nroutes, sizeof(idem_nroutes));
 	h = layout_hash(h, bucket_ms, sizeof(bucket_ms));
 	for (i = 0; i < idem_nroutes; i++)
 		h = layout_hash(h, idem_routes[i].label,
@@ -235,6 +258,14 @@ layout_of_build(void)
 	}
 
 	return (h == LAYOUT_RESETTING ? 1 : h);
+}
+
+/* The bytes this build's counters take after the header. */
+static size_t
+shared_size(void)
+{
+	return (sizeof(struct metrics_shared) +
+	    idem_nroutes * sizeof(struct metrics_route));
 }
 
 /* FNV-1a, 64 bits. */
@@ -267,10 +298,11 @@ metrics_request(int route, int outcome, u_int64_t started)
 			break;
 	}
 
-	__atomic_fetch_add(&shared->requests[route][outcome], 1,
+	__atomic_fetch_add(&shared->routes[route].requests[outcome], 1,
 	    __ATOMIC_RELAXED);
-	__atomic_fetch_add(&shared->latency[route][i], 1, __ATOMIC_RELAXED);
-	__atomic_fetch_add(&shared->latency_sum_ms[route], ms,
+	__atomic_fetch_add(&shared->routes[route].latency[i], 1,
+	    __ATOMIC_RELAXED);
+	__atomic_fetch_add(&shared->routes[route].latency_sum_ms, ms,
 	    __ATOMIC_RELAXED);
 }
 
@@ -368,7 +400,7 @@ serve_requests(struct kore_buf *buf, const struct metrics_shared *m)
 			kore_buf_appendf(buf, "idem_requests_total{route=\"%s\","
 			    "outcome=\"%s\"} %lu\n", idem_routes[r].label,
 			    outcome_names[o],
-			    (unsigned long)load(&m->requests[r][o]));
+			    (unsigned long)load(&m->routes[r].requests[o]));
 		}
 	}
 }
@@ -386,7 +418,7 @@ serve_latency(struct kore_buf *buf, const struct metrics_shared *m)
 	for (r = 0; r < (int)idem_nroutes; r++) {
 		total = 0;
 		for (i = 0; i <= LATENCY_BUCKETS; i++) {
-			total += load(&m->latency[r][i]);
+			total += load(&m->routes[r].latency[i]);
 			if (i < LATENCY_BUCKETS) {
 				kore_buf_appendf(buf,
 				    "idem_request_duration_seconds_bucket{"
@@ -403,7 +435,7 @@ serve_latency(struct kore_buf *buf, const struct metrics_shared *m)
 
 		kore_buf_appendf(buf, "idem_request_duration_seconds_sum{"
 		    "route=\"%s\"} %.3f\n", idem_routes[r].label,
-		    load(&m->latency_sum_ms[r]) / 1000.0);
+		    load(&m->routes[r].latency_sum_ms) / 1000.0);
 		kore_buf_appendf(buf, "idem_request_duration_seconds_count{"
 		    "route=\"%s\"} %lu\n", idem_routes[r].label, (unsigned long)total);
 	}

@@ -9,9 +9,6 @@
 #include <kore/kore.h>
 #include <kore/http.h>
 
-/* Room for the routes of src/operations/routes.c. */
-#define ROUTE_MAX		16
-
 #define OUTCOME_CREATED		0
 #define OUTCOME_REPLAYED	1
 #define OUTCOME_IN_FLIGHT	2

@@ -29,7 +29,7 @@ def rejected(path, status, slug, name, body=None, **kw):
     then that the same key works with the good request."""
     key = kw.pop("key", new_key())
     before = rows()
-    r = api.post(path, GOOD[path] if body is None else body, key=key, **kw)
+    r = api.post(path, GOOD[path] if body is None else body, key=key, bad=True, **kw)
     t.eq(r.status, status, f"{path}: {name}: {status}")
     try:
         p = json.loads(r.body)
@@ -62,7 +62,7 @@ for path in ("/v1/orders", "/v1/bonuses"):
     # byte past 0x7E: a bare 400 before any handler runs (docs/limits.md).
     for bad, what in [("", "empty key"), ("é", "non-ASCII"), ("tab\there", "a tab")]:
         before = rows()
-        r = api.post(path, GOOD[path], key=bad)
+        r = api.post(path, GOOD[path], key=bad, bad=True)
         t.eq(r.status, 400, f"{path}: key with {what}: 400 from the HTTP layer")
         t.eq(rows(), before, f"{path}: key with {what}: nothing written")
     for bad, what in [("a" * 256, "256 characters"), ("has space", "a space"),
@@ -78,7 +78,7 @@ for path in ("/v1/orders", "/v1/bonuses"):
     # Past 64 KiB Kore itself answers, before any handler: a bare 413
     # (docs/behaviour.md, Bodies); tests/http/17_body_limit.py tests both sides of the limit.
     k, before = new_key(), rows()
-    r = api.post(path, dict(GOOD[path], pad="x" * 70000), key=k)
+    r = api.post(path, dict(GOOD[path], pad="x" * 70000), key=k, bad=True)
     t.ok(r.status == 413 and r.body == b"", f"{path}: body over 64 KiB: bare 413", r)
     t.eq(rows(), before, f"{path}: body over 64 KiB: nothing written")
     then_the_key_works(path, k, "413")
@@ -126,7 +126,7 @@ for field, value, what in [("points", 0, "zero points"), ("points", 1.5, "fracti
     rejected("/v1/bonuses", 400, "invalid-request", what, body=body)
 
 # The problem type URLs resolve to pages the service serves.
-r = api.post("/v1/orders", GOOD["/v1/orders"], key=new_key(), token=False)
+r = api.post("/v1/orders", GOOD["/v1/orders"], key=new_key(), token=False, bad=True)
 path = "/" + r.json()["type"].split("/", 3)[3]
 page = request(api.port, "GET", path)
 t.ok(page.status == 200 and page.headers["content-type"].startswith("text/html") and
@@ -138,12 +138,12 @@ t.ok(r.status == 404 and r.headers.get("content-type") == "application/problem+j
      "unknown path: 404 problem", r)
 r = request(api.port, "DELETE", "/v1/orders", headers={"Authorization": "Bearer dev-shop-1"})
 t.ok(r.status == 405 and "POST" in r.headers.get("allow", ""), "DELETE /v1/orders: 405 with Allow", r)
-r = api.get("/v1/orders")
+r = api.get("/v1/orders", bad=True)
 t.ok(r.status == 400 and r.json()["type"].endswith("/invalid-request"),
      "GET /v1/orders without customer_id: 400", r)
-r = request(api.port, "GET", "/v1/orders?customer_id=x")
+r = request(api.port, "GET", "/v1/orders?customer_id=x", bad=True)
 t.eq(r.status, 401, "GET /v1/orders without a token: 401")
-r = request(api.port, "GET", "/v1/bonuses/x")
+r = request(api.port, "GET", "/v1/bonuses/x", bad=True)
 t.eq(r.status, 401, "GET /v1/bonuses/x without a token: 401")
 
 api.stop()

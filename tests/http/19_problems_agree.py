@@ -47,7 +47,7 @@ t.eq(body.get("title"), c_row.get("title"), "its title is the C table's")
 t.eq(body.get("status"), c_row.get("status"), "and so is its status")
 
 # And one the C writes, for the same base URL.
-r = api.post("/v1/bonuses", {"customer_id": customer}, key=new_key())
+r = api.post("/v1/bonuses", {"customer_id": customer}, key=new_key(), bad=True)
 t.eq(r.json().get("type"), f"{public_url}/problems/invalid-request",
      "a problem the C writes has the same base URL")
 

@@ -190,7 +190,7 @@ for bad, what in [({"amount": 100, "currency": "RUB"}, "no recipient"),
                   (payment("acc-bad", amount=1.5), "fractional amount"),
                   (payment("acc-bad", currency="rub"), "lower-case currency"),
                   (payment("acc-bad", purpose=5), "numeric purpose")]:
-    r = api.post("/v1/payments", bad, key=key)
+    r = api.post("/v1/payments", bad, key=key, bad=True)
     t.ok(r.status == 400 and r.json()["type"].endswith("/invalid-request"),
          f"{what}: 400", r)
 t.ok(key_row(key) is None and charges_to("acc-bad") == 0, "no key taken, no charge")

@@ -159,28 +159,28 @@ for what, change in [("points 0", {"points": 0}), ("negative points", {"points":
                      ("no points", {"points": ...}), ("no reason", {"reason": ...})]:
     body = {k: v for k, v in dict(GOOD, **change).items() if v is not ...}
     before = (balance(A), balance(B))
-    r = api.post(PATH, body, key=bad_key)
+    r = api.post(PATH, body, key=bad_key, bad=True)
     t.ok(is_problem(r, 400, "invalid-request"), f"{what}: 400 invalid-request", r)
     t.eq(rows_of(bad_key), (0, 0, 0), f"{what}: no key row, no transfer, no ledger row")
     t.eq((balance(A), balance(B)), before, f"{what}: no points moved")
 
-r = api.post(PATH, dict(GOOD, to_customer_id=A), key=bad_key)
+r = api.post(PATH, dict(GOOD, to_customer_id=A), key=bad_key, bad=True)
 t.ok("different customers" in r.json().get("detail", ""),
      "the detail says the customers must differ", r)
 # The same customer spelled with an escape is the same customer.
 raw = ('{"from_customer_id":"%s","to_customer_id":"%s","points":1,"reason":"gift"}'
        % (A, A.replace("-", "\\u002d", 1)))
-r = api.post(PATH, raw, key=bad_key)
+r = api.post(PATH, raw, key=bad_key, bad=True)
 t.ok(is_problem(r, 400, "invalid-request"), "the same customer written with a \\u escape: 400", r)
 t.eq(rows_of(bad_key), (0, 0, 0), "and nothing taken")
 r = api.post(PATH, GOOD, key=bad_key)
 t.ok(r.status == 201 and not r.replayed,
      "after the 400s the same key works with a corrected body", r)
 t.eq((balance(A), balance(B)), (699, 301), "and moves its one point")
-t.ok(is_problem(api.post(PATH, GOOD, key=None), 400, "idempotency-key-missing"),
+t.ok(is_problem(api.post(PATH, GOOD, key=None, bad=True), 400, "idempotency-key-missing"),
      "no Idempotency-Key: 400")
-t.eq(api.post(PATH, GOOD, key=new_key(), token=False).status, 401, "no token: 401")
-r = api.post(PATH, GOOD, key=new_key(), content_type="text/plain")
+t.eq(api.post(PATH, GOOD, key=new_key(), token=False, bad=True).status, 401, "no token: 401")
+r = api.post(PATH, GOOD, key=new_key(), content_type="text/plain", bad=True)
 t.ok(is_problem(r, 415, "unsupported-media-type"), "not JSON: 415", r)
 
 # --- insufficient balance: saved, replayed, nothing moved --------------------

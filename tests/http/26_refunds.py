@@ -91,7 +91,7 @@ t.ok(r.status == 404 and problem(r) == "payment-not-found",
 r = api.get("/v1/payments/9007199254740991")
 t.ok(r.status == 404 and problem(r) == "payment-not-found", "an unknown payment: 404", r)
 for bad in ("abc", "0", "-1", "017", "9007199254740992", "1.5", "%31"):
-    r = api.get(f"/v1/payments/{bad}")
+    r = api.get(f"/v1/payments/{bad}", bad=True)
     t.ok(r.status == 400 and problem(r) == "invalid-request",
          f"GET /v1/payments/{bad}: 400", r)
 
@@ -124,7 +124,7 @@ for bad, what in (({"amount": 100}, "no payment_id"),
                   ({"payment_id": a["payment_id"], "amount": 1, "reason": 7},
                    "a number as reason")):
     k = new_key("ref")
-    r = api.post("/v1/refunds", bad, key=k)
+    r = api.post("/v1/refunds", bad, key=k, bad=True)
     t.ok(r.status == 400 and problem(r) == "invalid-request" and key_row(k) is None,
          f"{what}: 400, no key row", r)
 

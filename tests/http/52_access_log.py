@@ -68,14 +68,14 @@ t.eq((b["status"], b["outcome"], b["replayed"]), ("201", "replayed", "true"),
 t.ok(a["duration_ms"].isdigit(), "duration in milliseconds")
 
 quoted = new_key("q")
-r = api.post("/v1/orders", {"customer_id": "c-log"}, key=f'"{quoted}"')
+r = api.post("/v1/orders", {"customer_id": "c-log"}, key=f'"{quoted}"', bad=True)
 t.eq(r.status, 400, "a bad body")
 l = wait_until(lambda: lines_of(quoted), "its line")[0]
 t.eq((l["status"], l["outcome"], l["key"]), ("400", "invalid_400", quoted),
      "is logged with the key as read (RFC 8941 quotes removed)")
 
 odd = 'k"x=1 y'
-r = api.post("/v1/orders", order, key=odd, token="nope")
+r = api.post("/v1/orders", order, key=odd, token="nope", bad=True)
 t.eq(r.status, 401, "an unknown token")
 # The line is written when Kore frees the request, which may come after
 # the client has read the answer: waited for, as the lines above.
@@ -97,7 +97,7 @@ def access_lines():
 # space).
 head = new_key("cut")
 before = len(access_lines())
-r = api.post("/v1/orders", order, key=f'"{head} b"')
+r = api.post("/v1/orders", order, key=f'"{head} b"', bad=True)
 t.eq(r.status, 400, "a key with a space: 400")
 wait_until(lambda: len(access_lines()) > before, "its line")
 t.eq(lines_of(head), [], "its first part is not logged as the key")

@@ -72,8 +72,8 @@ class Tap:
         sys.stdout.flush()
 
     def done(self):
-        if _checked[0]:
-            self.ok(not _mismatches, f"the {_checked[0]} API responses of this "
+        if _checked[0] or _mismatches:
+            self.ok(not _mismatches, f"the API requests and {_checked[0]} responses of this "
                     "test agree with docs/openapi.json", "\n".join(_mismatches))
         print(f"1..{self.count}")
         sys.stdout.flush()
@@ -148,7 +148,14 @@ def cluster_port():
     return port
 
 
-def request(port, method, path, body=None, headers=None, timeout=60):
+def request(port, method, path, body=None, headers=None, timeout=60,
+            bad=False):
+    """One request; to an API this test started it must agree with the
+    document (tests/lib/openapi.py, check_request) unless bad=True says the
+    test sends bad input on purpose: a test that sends what the document
+    forbids by mistake fails in Tap.done()."""
+    if port in _api_ports and not bad:
+        check_request(method, path, headers, body)
     if port in _tls_ports:
         conn = http.client.HTTPSConnection("127.0.0.1", port, timeout=timeout,
                                            context=_tls_ports[port])
@@ -179,8 +186,23 @@ def check_openapi(method, path, status, headers, body):
         sys.stdout.flush()
 
 
+def check_request(method, path, headers, body):
+    """Records a request that does not agree with docs/openapi.json; the
+    test fails in Tap.done()."""
+    import openapi
+
+    why = openapi.check_request(method, path, headers,
+                                body.decode(errors="replace")
+                                if isinstance(body, bytes) else body)
+    if why is not None:
+        _mismatches.append(why + " (bad input on purpose: bad=True)")
+        print(f"# openapi mismatch: {why}")
+        sys.stdout.flush()
+
+
 def post(port, path, body, key=None, client="shop-1", token=None,
-         content_type="application/json", headers=None, timeout=60):
+         content_type="application/json", headers=None, timeout=60,
+         bad=False):
     """POSTs body (a dict is sent as JSON) with the client's token."""
     hdrs = {}
     if token is None:
@@ -196,12 +218,13 @@ def post(port, path, body, key=None, client="shop-1", token=None,
         body = json.dumps(body).encode()
     elif isinstance(body, str):
         body = body.encode()
-    return request(port, "POST", path, body, hdrs, timeout)
+    return request(port, "POST", path, body, hdrs, timeout, bad=bad)
 
 
-def get(port, path, client="shop-1", timeout=60):
+def get(port, path, client="shop-1", timeout=60, bad=False):
     return request(port, "GET", path, None,
-                   {"Authorization": f"Bearer {TOKENS[client]}"}, timeout)
+                   {"Authorization": f"Bearer {TOKENS[client]}"}, timeout,
+                   bad=bad)
 
 
 class Background:

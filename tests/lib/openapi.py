@@ -24,6 +24,13 @@ _routes = None
 _validators = {}
 
 
+def use(path):
+    """Checks against another document from now on (a copy of the tree's)."""
+    global DOC_PATH, _doc, _routes
+    DOC_PATH, _doc, _routes = path, None, None
+    _validators.clear()
+
+
 def _load():
     global _doc, _routes
     if _doc is None:
@@ -119,4 +126,126 @@ def check(method, path, status, headers, body):
         return (f"{where}: the body does not match the schema at "
                 f"/{'/'.join(map(str, e.path))}: {e.message}; "
                 f"body {body[:300]!r}")
+    return None
+
+
+# --- requests: what a test sends, against the document -----------------------
+
+def _filler(prop):
+    """A character a string of the field's kind may repeat."""
+    return {"currency": "A", "id": "c", "text": "t", "token": "t"}.get(
+        prop.get("x-idem-kind"), "x")
+
+
+def boundaries(prop):
+    """Each limit of a body field's schema (a property of a request body
+    in the document) and one past it, as (what, JSON text, valid): the
+    bad-input catalogue's rows for the field. Integers: the minimum and
+    the maximum, one below and one above, and 0 where the schema says
+    not 0; strings: the shortest and the longest, one shorter and one
+    longer (ASCII, so that bytes are characters), each value of an enum
+    and one that is not."""
+    out = []
+    if prop.get("type") == "integer":
+        lo, hi = prop["minimum"], prop["maximum"]
+        out += [(f"{lo} (the minimum)", str(lo), True),
+                (f"{lo - 1} (one below the minimum)", str(lo - 1), False),
+                (f"{hi} (the maximum)", str(hi), True),
+                (f"{hi + 1} (one above the maximum)", str(hi + 1), False)]
+        if prop.get("not") == {"const": 0} and lo <= 0 <= hi:
+            out.append(("0 (not allowed)", "0", False))
+        return out
+    if "enum" in prop:
+        out += [(f"{v!r} (one of the values)", json.dumps(v), True)
+                for v in prop["enum"]]
+        other = prop["enum"][0][:-1] + ("B" if prop["enum"][0][-1:] != "B"
+                                        else "C")
+        while other in prop["enum"]:
+            other += "B"
+        out.append((f"{other!r} (not one of the values)", json.dumps(other),
+                    False))
+        return out
+    if prop.get("allOf"):
+        # A pattern of the field's own: no string made here would match it.
+        return out
+    c = _filler(prop)
+    lo, hi = prop.get("minLength", 0), prop["maxLength"]
+    out.append((f"{lo} characters (the shortest)", json.dumps(c * lo), True))
+    if lo > 0:
+        out.append((f"{lo - 1} characters (one shorter)",
+                    json.dumps(c * (lo - 1)), False))
+    out += [(f"{hi} characters (the longest)", json.dumps(c * hi), True),
+            (f"{hi + 1} characters (one longer)", json.dumps(c * (hi + 1)),
+             False)]
+    return out
+
+
+def _header(headers, name):
+    for k, v in (headers or {}).items():
+        if k.lower() == name.lower():
+            return v
+    return None
+
+
+def _valid(key, schema, value):
+    """The first error of value against schema, or None."""
+    _load()
+    errors = list(_validator(key, schema).iter_errors(value))
+    return errors[0].message if errors else None
+
+
+def check_request(method, path, headers, body):
+    """None if a request a test sends agrees with the document (its token,
+    its parameters, its media type and its body), else what does not. The
+    harness checks every request to an API it started, but those a test
+    marks as bad input on purpose (bad=True)."""
+    from urllib.parse import parse_qs, unquote
+
+    template, op = operation(method, path)
+    if op is None:
+        return None
+    where = f"request {method} {path}"
+    if op.get("security", _doc.get("security")) != [{}]:
+        auth = _header(headers, "Authorization")
+        if auth is None or not auth.startswith("Bearer ") or not auth[7:]:
+            return f"{where}: no bearer token (Authorization: Bearer <token>)"
+    query = parse_qs(path.split("?", 1)[1], keep_blank_values=True) \
+        if "?" in path else {}
+    segments = path.split("?", 1)[0].split("/")
+    names = template.split("/")
+    for p in op.get("parameters", []):
+        p = _deref(p)
+        if p["in"] == "header":
+            value = _header(headers, p["name"])
+        elif p["in"] == "query":
+            value = query.get(p["name"], [None])[0]
+        else:
+            value = unquote(segments[names.index("{" + p["name"] + "}")])
+            if p["schema"].get("type") == "integer":
+                value = int(value) if value.isdigit() else value
+        if value is None:
+            if p.get("required"):
+                return f"{where}: {p['in']} parameter {p['name']} is missing"
+            continue
+        why = _valid(("param", template, method, p["name"]), p["schema"],
+                     value)
+        if why is not None:
+            return f"{where}: {p['in']} parameter {p['name']}: {why}"
+    rb = op.get("requestBody")
+    if rb is None:
+        return None
+    ctype = (_header(headers, "Content-Type") or "").split(";")[0].strip()
+    if ctype.lower() not in rb["content"]:
+        return (f"{where}: content-type {ctype!r} is not the document's "
+                f"({', '.join(rb['content'])})")
+    if not body:
+        return f"{where}: no body" if rb.get("required") else None
+    try:
+        data = json.loads(body)
+    except ValueError as e:
+        return f"{where}: the body is not JSON ({e})"
+    why = _valid(("body", template, method), rb["content"][ctype.lower()][
+        "schema"], data)
+    if why is not None:
+        return f"{where}: the body does not match the document: {why}"
     return None
