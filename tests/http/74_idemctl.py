@@ -9,13 +9,17 @@ late` reads the late operations table, and says when there is none."""
 import hashlib
 import json
 import os
+import re
+import socket
 import subprocess
 import sys
+import threading
 import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "lib"))
-from harness import (DB_URL, ROOT, STRIPE_SECRET, Api, Provider, StripeMock,  # noqa: E402
-                     Tap, new_key, post, sql, sql_value)
+from harness import (DB_URL, ROOT, STRIPE_SECRET, Api, Background, Kore,  # noqa: E402
+                     Provider, StripeMock, Tap, free_port, new_key, post, request, sql,
+                     sql_value, wait_until)
 
 t = Tap()
 CACHE_SECONDS = 2
@@ -83,6 +87,82 @@ t.eq(set(answers), {401}, f"past IDEM_AUTH_CACHE_SECONDS ({CACHE_SECONDS} s) eve
 gone = idemctl("client", "revoke", name)
 t.ok(gone.returncode != 0 and f"no client {name}" in gone.stderr,
      "revoking an unknown client is refused, with its reason", gone.out)
+
+# --- the bound holds for a lookup that raced the revocation ---------------------
+class SlowAnswers:
+    """A TCP proxy to the test's PostgreSQL whose answers, while `delay` is
+    set, reach the API that many seconds late: a lookup that the server
+    answered before a revocation arrives after it."""
+
+    def __init__(self):
+        self.delay = 0.0
+        self.sock = socket.create_server(("127.0.0.1", free_port()))
+        self.port = self.sock.getsockname()[1]
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self):
+        while True:
+            client, _ = self.sock.accept()
+            server = socket.create_connection(
+                ("127.0.0.1", int(os.environ["IDEM_TEST_PGPORT"])))
+            threading.Thread(target=self._pump, args=(client, server, False),
+                             daemon=True).start()
+            threading.Thread(target=self._pump, args=(server, client, True),
+                             daemon=True).start()
+
+    def _pump(self, src, dst, answers):
+        try:
+            while data := src.recv(65536):
+                if answers and self.delay:
+                    time.sleep(self.delay)
+                dst.sendall(data)
+        except OSError:
+            pass
+
+
+DELAY = CACHE_SECONDS + 2
+proxy = SlowAnswers()
+raced = f"ctl-raced-{os.getpid()}"
+token = idemctl("client", "add", raced).stdout.strip().splitlines()[-1]
+papi = Api(name="api-idemctl-raced", conf_extra=["workers 1"],
+           IDEM_AUTH_CACHE_SECONDS=CACHE_SECONDS, IDEM_DB_TIMEOUT_MS=60000)
+papi.env["IDEM_DATABASE_URL"] = re.sub(r"port=\S+", f"port={proxy.port}", re.sub(
+    r"host=\S+", "host=127.0.0.1", DB_URL)) + " application_name=idemctl-raced"
+Kore.start(papi, lambda: request(papi.port, "GET", "/healthz", timeout=3).status == 200)
+t.eq(order(papi, "dev-shop-1").status, 201, "an API whose database answers through a proxy")
+LOOKUP = ("select count(*) from pg_stat_activity where application_name = 'idemctl-raced'"
+          " and query like 'SELECT client_id FROM clients WHERE token_sha256 = $1%'")
+
+
+def both_lookups_prepared():
+    """Both token-lookup connections have prepared their statement, so that
+    a lookup is one execution: two unknown tokens at once, their answers
+    slowed so that the second takes the other connection."""
+    proxy.delay = 0.5
+    for r in [Background(order, papi, f"warm-{new_key()}") for _ in range(2)]:
+        r.wait(timeout=60)
+    proxy.delay = 0.0
+    return sql_value(LOOKUP) == "2"
+
+
+wait_until(both_lookups_prepared, "both lookup connections to be prepared", timeout=120)
+mark = sql_value("select clock_timestamp()")
+proxy.delay = DELAY
+first = Background(order, papi, token)
+# The server has run the lookup (its backend idle again after it), and
+# its answer is held in the proxy: the client is revoked now.
+wait_until(lambda: sql_value(LOOKUP + f" and state = 'idle' and query_start > '{mark}'")
+           != "0", "the lookup to be answered", timeout=60)
+revoked = idemctl("client", "revoke", raced)
+after = time.monotonic()
+# The lookup's answer stays held for its delay; the rest flows.
+proxy.delay = 0.0
+t.eq(first.wait(timeout=120).status, 201, "the request whose lookup preceded the revocation "
+     "is served")
+time.sleep(max(0.0, after + CACHE_SECONDS + 0.1 - time.monotonic()))
+t.eq(order(papi, token).status, 401, "the bound counts from the lookup's start: past it "
+     "since the revocation, the token is a 401 though its lookup's answer came later")
+papi.stop()
 
 # --- a key's story: an order, a payment ---------------------------------------------
 okey = new_key("ctl-order")
