@@ -1,7 +1,7 @@
 # The README's commands. Each target installs what a fresh Debian 12
 # machine lacks (as root) before it builds.
 
-.PHONY: all build prod run demo test test-sanitize test-loaded soak fuzz db stop reset api provider bench bench-schema deps clean \
+.PHONY: all build prod run demo test test-sanitize test-loaded soak fuzz db migrate stop reset api provider bench bench-schema deps clean \
 	cluster cluster-failover cluster-reset test-cluster test-edge test-upgrade
 
 all: build
@@ -38,6 +38,10 @@ fuzz:
 
 db: deps
 	@scripts/db
+
+# ARGS=--dry-run lists what it would apply (docs/operations.md, Migrations).
+migrate:
+	@scripts/migrate $(ARGS)
 
 stop:
 	@scripts/stop

@@ -279,9 +279,9 @@ cluster_schema() {
 	alter database idem owner to idem;
 	alter schema public owner to idem;
 	EOF
-	migrate "$(cluster_database_url)" >/dev/null
+	migrate --dev "$(cluster_database_url)" >/dev/null
 	load_dev_data "$(cluster_database_url)" >/dev/null
-	migrate "$(cluster_provider_database_url)" >/dev/null
+	migrate --dev "$(cluster_provider_database_url)" >/dev/null
 	load_dev_data "$(cluster_provider_database_url)" >/dev/null
 }
 

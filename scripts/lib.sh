@@ -109,9 +109,34 @@ cluster_running() {
 	    as_postgres "$(pg_bin)/pg_ctl" -D "$1" status >/dev/null 2>&1
 }
 
-# Applies every migration in sql/ in order; each is safe to apply twice.
+# Applies the migrations in sql/ not applied yet, each once, recorded in
+# the version table (scripts/migrate; --dev: a changed file applied again,
+# for the dev targets). Every path that migrates goes through it.
 migrate() {
-	apply_sql "$1" "$ROOT"/sql/*.sql
+	"$ROOT/scripts/migrate" "$@"
+}
+
+# The release this checkout is (src/core/release.h).
+release_version() {
+	sed -n 's/^#define IDEM_RELEASE[[:space:]]*"\(.*\)"/\1/p' \
+	    "$ROOT/src/core/release.h"
+}
+
+# Writes src/core/schema_list.c, the migrations of sql/ this build expects
+# (src/core/schema.h), when they differ from the file's.
+schema_list() {
+	local out=$ROOT/src/core/schema_list.c names count text
+	names=$(cd "$ROOT/sql" && ls *.sql | sort | paste -sd, -)
+	count=$(cd "$ROOT/sql" && ls *.sql | wc -l)
+	text="/* Written by scripts/build from sql/: do not edit. */
+
+#include \"schema.h\"
+
+const char	schema_expected[] = \"{$names}\";
+const int	schema_expected_count = $count;"
+	if [ "$(cat "$out" 2>/dev/null)" != "$text" ]; then
+		echo "$text" > "$out"
+	fi
 }
 
 # Applies SQL files in order and stops at the first that fails, naming it

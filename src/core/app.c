@@ -26,6 +26,7 @@
 #include "provider_client.h"
 #include "reload.h"
 #include "replay_cache.h"
+#include "schema.h"
 #include "dev.h"
 #include "operations.h"
 #include "settings.h"
@@ -104,6 +105,7 @@ kore_parent_configure(int argc, char **argv)
 	settings_load();
 	metrics_init();
 	wakeup_parent_set();
+	schema_version_header();
 
 	if (curl_global_init(CURL_GLOBAL_DEFAULT) != CURLE_OK)
 		fatal("curl_global_init failed");
@@ -111,6 +113,7 @@ kore_parent_configure(int argc, char **argv)
 	if (kore_server_lookup("api") != NULL) {
 		/* Refuses to start with a provider that cannot be called. */
 		provider_select();
+		schema_check_at_start();
 		bind_server("api", settings.port);
 		routes_register("api");
 		problem_routes_register("api");
@@ -162,6 +165,7 @@ api_init(int state)
 	}
 
 	settings_load();
+	schema_version_header();
 	metrics_attach();
 	db_register();
 	if (worker != NULL) {

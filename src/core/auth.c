@@ -17,6 +17,11 @@
 #define AUTH_CACHE_MAX		4096
 
 /*
+ * A known token is trusted for IDEM_AUTH_CACHE_SECONDS counted from when
+ * its lookup began, before the query saw the table: a client revoked
+ * (idemctl client revoke) is refused by every worker within that bound,
+ * a lookup that raced the revocation included.
+ *
  * An unknown token is remembered this long, so that a flood of them costs
  * one lookup per token and worker, not one per request; at most
  * AUTH_UNKNOWN_MAX of them at once (past that, lookups on the token pool).
@@ -41,7 +46,7 @@ TAILQ_HEAD(auth_bucket, auth_entry);
 static int	token_hash(struct http_request *, char *);
 static int	cache_bucket(const char *);
 static int	cache_find(const char *, char *);
-static void	cache_add(const char *, const char *, int);
+static void	cache_add(const char *, const char *, int, u_int64_t);
 static void	cache_free(struct auth_bucket *, struct auth_entry *);
 static void	cache_flush(void);
 
@@ -102,6 +107,7 @@ auth_step(struct http_request *req, struct auth_lookup *a, char *client_id)
 		db_call_init_pool(&a->db, req, DB_POOL_AUTH,
 		    settings.db_timeout_ms);
 		a->querying = 1;
+		a->started = kore_time_ms();
 	}
 
 	params[0] = a->token_sha256;
@@ -118,14 +124,14 @@ auth_step(struct http_request *req, struct auth_lookup *a, char *client_id)
 
 	if (db_call_rows(&a->db) != 1 ||
 	    db_call_length(&a->db, 0) > AUTH_CLIENT_ID_MAX) {
-		cache_add(a->token_sha256, "", 1);
+		cache_add(a->token_sha256, "", 1, a->started);
 		auth_cleanup(a);
 		return (AUTH_DENIED);
 	}
 
 	(void)kore_strlcpy(client_id, db_call_value(&a->db, 0),
 	    AUTH_CLIENT_ID_MAX + 1);
-	cache_add(a->token_sha256, client_id, 0);
+	cache_add(a->token_sha256, client_id, 0, a->started);
 	auth_cleanup(a);
 
 	return (AUTH_OK);
@@ -240,7 +246,8 @@ cache_free(struct auth_bucket *b, struct auth_entry *e)
 }
 
 static void
-cache_add(const char *hash, const char *client_id, int unknown)
+cache_add(const char *hash, const char *client_id, int unknown,
+    u_int64_t started)
 {
 	struct auth_entry	*e;
 
@@ -256,7 +263,7 @@ cache_add(const char *hash, const char *client_id, int unknown)
 	(void)kore_strlcpy(e->token_sha256, hash, sizeof(e->token_sha256));
 	(void)kore_strlcpy(e->client_id, client_id, sizeof(e->client_id));
 	e->unknown = unknown;
-	e->expires = kore_time_ms() + (unknown ? AUTH_UNKNOWN_MS :
+	e->expires = started + (unknown ? AUTH_UNKNOWN_MS :
 	    (u_int64_t)settings.auth_cache_seconds * 1000);
 	if (unknown)
 		unknown_count++;

@@ -18,6 +18,7 @@
 struct auth_lookup {
 	struct db_call	db;
 	int		querying;
+	u_int64_t	started;
 	char		token_sha256[65];
 };
 

@@ -5,18 +5,29 @@
 
 #include <sys/types.h>
 
+#include <stdio.h>
+#include <string.h>
+
 #include <kore/kore.h>
 #include <kore/http.h>
 
 #include "accesslog.h"
+#include "json.h"
 #include "db.h"
 #include "problem.h"
+#include "release.h"
 #include "reload.h"
+#include "schema.h"
 #include "settings.h"
 
-/* A function of the schema: an unmigrated database is named as such. */
-#define HEALTH_SQL		"SELECT idem_standby()"
-#define HEALTH_OK		"{\"status\":\"ok\",\"database\":\"up\"}"
+/*
+ * A function of the schema (an unmigrated database is named as such), and
+ * the schema against the migrations this build expects (schema.h).
+ */
+#define HEALTH_SQL		"SELECT idem_standby(), " SCHEMA_CHECK_COLUMNS
+#define HEALTH_OK							\
+	"{\"status\":\"ok\",\"database\":\"up\",\"version\":\""		\
+	IDEM_RELEASE "\",\"schema\":\""
 
 struct health_check {
 	struct db_call		db;
@@ -26,6 +37,7 @@ struct health_check {
 int		healthz(struct http_request *);
 static int	health_query(struct http_request *);
 static void	health_fail(struct http_request *, struct db_call *);
+static void	health_ok(struct http_request *, struct db_call *);
 static void	health_free(struct http_request *);
 
 int
@@ -59,8 +71,10 @@ static int
 health_query(struct http_request *req)
 {
 	struct health_check	*h = http_state_get(req);
+	const char		*params[1];
 
-	switch (db_call_step(&h->db, HEALTH_SQL, 0, NULL)) {
+	params[0] = schema_expected;
+	switch (db_call_step(&h->db, HEALTH_SQL, 1, params)) {
 	case DB_CALL_PENDING:
 		return (KORE_RESULT_RETRY);
 	case DB_CALL_DONE:
@@ -71,9 +85,7 @@ health_query(struct http_request *req)
 			    "the database is read-only (not the primary)");
 			break;
 		}
-		http_response_header(req, "content-type", JSON_CONTENT_TYPE);
-		http_response(req, HTTP_STATUS_OK, HEALTH_OK,
-		    sizeof(HEALTH_OK) - 1);
+		health_ok(req, &h->db);
 		break;
 	default:
 		health_fail(req, &h->db);
@@ -81,6 +93,45 @@ health_query(struct http_request *req)
 	}
 
 	return (KORE_RESULT_OK);
+}
+
+/*
+ * The database answers: 200 with the release and the schema, "current" or
+ * "ahead: <the migrations this release does not know>" (a newer release
+ * migrated first: this one serves on); a schema behind is a 503 of its
+ * own, the migrations it lacks named: this release calls what they make.
+ */
+static void
+health_ok(struct http_request *req, struct db_call *c)
+{
+	struct kore_buf		buf;
+	char			ahead[512];
+
+	if (!db_call_null(c, 1)) {
+		http_response_header(req, "retry-after", DB_MISCONFIGURED_RETRY);
+		problem_respond(req, PROBLEM_DATABASE_MISCONFIGURED,
+		    "schema behind: this release (%s) needs migrations the "
+		    "database lacks: %s (make migrate)", IDEM_RELEASE,
+		    db_call_value(c, 1));
+		return;
+	}
+
+	kore_buf_init(&buf, 128);
+	kore_buf_append(&buf, HEALTH_OK, sizeof(HEALTH_OK) - 1);
+	if (db_call_null(c, 2)) {
+		kore_buf_appendf(&buf, "current\"}");
+	} else {
+		(void)snprintf(ahead, sizeof(ahead), "ahead: %s",
+		    db_call_value(c, 2));
+		/* The opening quote is HEALTH_OK's: the string without its. */
+		buf.offset--;
+		json_append_string(&buf, ahead, strlen(ahead));
+		kore_buf_appendf(&buf, "}");
+	}
+
+	http_response_header(req, "content-type", JSON_CONTENT_TYPE);
+	http_response(req, HTTP_STATUS_OK, buf.data, buf.offset);
+	kore_buf_cleanup(&buf);
 }
 
 /*

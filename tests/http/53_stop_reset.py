@@ -19,6 +19,9 @@ copy = os.path.join(TMP, "stopreset")
 for d in ("scripts", "sql", "dev"):
     shutil.copytree(os.path.join(ROOT, d), os.path.join(copy, d))
 shutil.copy2(os.path.join(ROOT, "Makefile"), copy)
+# The release, which make migrate records beside each migration.
+os.makedirs(os.path.join(copy, "src", "core"))
+shutil.copy2(os.path.join(ROOT, "src", "core", "release.h"), os.path.join(copy, "src", "core"))
 port = free_port()
 env = dict(os.environ, IDEM_EMBEDDED_PGPORT=str(port))
 env.pop("IDEM_DATABASE_URL", None)

@@ -1,0 +1,109 @@
+/*
+ * The release and the schema, said at start: the parent logs this build's
+ * release and compares the migrations it was built with (sql/, listed by
+ * scripts/build in schema_list.c) with the database's version table. A
+ * database behind is logged as an error (the service calls what it lacks;
+ * /healthz answers 503 until make migrate runs), one ahead as a warning (a
+ * newer release migrated it first, as a rolling upgrade does: this one
+ * keeps serving). /healthz says the same on every call (health.c).
+ */
+
+#include <sys/types.h>
+
+#include <kore/kore.h>
+#include <kore/http.h>
+
+#include <libpq-fe.h>
+
+#include <stdio.h>
+#include <string.h>
+
+#include "release.h"
+#include "schema.h"
+#include "settings.h"
+
+#define SCHEMA_START_SQL	"SELECT " SCHEMA_CHECK_COLUMNS
+
+/* A bound on the start's one query, far above its need. */
+#define SCHEMA_CONNECT_TIMEOUT	"3"
+#define SCHEMA_STATEMENT_OPTION	"-c statement_timeout=3000"
+
+/*
+ * Every answer carries the release, Kore's own bare ones (400, 408, 413,
+ * 503) included: Kore writes its server line into each answer's head as
+ * given, so the release goes on a line of its own after it. Called in the
+ * parent and in every worker's image (a reload of a new release).
+ */
+void
+schema_version_header(void)
+{
+	char		line[64];
+	int		len;
+
+	len = snprintf(line, sizeof(line), "kore (%s)\r\nidem-version: %s",
+	    kore_version, IDEM_RELEASE);
+	if (len < 0 || (size_t)len >= sizeof(line))
+		fatal("%s: the release line is too long", __func__);
+
+	http_server_version(line);
+}
+
+void
+schema_check_at_start(void)
+{
+	PGconn		*conn;
+	PGresult	*res;
+	const char	*keys[4], *values[4], *params[1], *state;
+
+	kore_log(LOG_NOTICE, "idem %s (its schema: %d migrations of sql/)",
+	    IDEM_RELEASE, schema_expected_count);
+
+	/* The URL's own settings first; the bounds after it win. */
+	keys[0] = "dbname";
+	values[0] = settings.database_url;
+	keys[1] = "connect_timeout";
+	values[1] = SCHEMA_CONNECT_TIMEOUT;
+	keys[2] = "options";
+	values[2] = SCHEMA_STATEMENT_OPTION;
+	keys[3] = NULL;
+	values[3] = NULL;
+
+	conn = PQconnectdbParams(keys, values, 1);
+	if (PQstatus(conn) != CONNECTION_OK) {
+		kore_log(LOG_NOTICE, "schema not checked at start: the database "
+		    "refused or did not answer (/healthz will say why)");
+		PQfinish(conn);
+		return;
+	}
+
+	params[0] = schema_expected;
+	res = PQexecParams(conn, SCHEMA_START_SQL, 1, NULL, params, NULL,
+	    NULL, 0);
+
+	state = PQresultErrorField(res, PG_DIAG_SQLSTATE);
+	if (PQresultStatus(res) != PGRES_TUPLES_OK && state != NULL &&
+	    !strcmp(state, "42P01")) {
+		kore_log(LOG_ERR, "schema not migrated: the database has no "
+		    "version table (schema_migrations): run make migrate "
+		    "before this release (%s) serves", IDEM_RELEASE);
+	} else if (PQresultStatus(res) != PGRES_TUPLES_OK) {
+		kore_log(LOG_NOTICE, "schema not checked at start: %s",
+		    PQresultErrorMessage(res));
+	} else if (!PQgetisnull(res, 0, 0)) {
+		kore_log(LOG_ERR, "schema behind: this release (%s) needs "
+		    "migrations the database lacks: %s; run make migrate (until "
+		    "then /healthz answers 503)", IDEM_RELEASE,
+		    PQgetvalue(res, 0, 0));
+	} else if (!PQgetisnull(res, 0, 1)) {
+		kore_log(LOG_WARNING, "schema ahead: the database has "
+		    "migrations this release (%s) does not know: %s (a newer "
+		    "release's; this one keeps serving)", IDEM_RELEASE,
+		    PQgetvalue(res, 0, 1));
+	} else {
+		kore_log(LOG_NOTICE, "schema current: the database has the "
+		    "%d migrations this release expects", schema_expected_count);
+	}
+
+	PQclear(res);
+	PQfinish(conn);
+}

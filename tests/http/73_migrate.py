@@ -1,0 +1,245 @@
+"""make migrate, the production path of the schema (scripts/migrate), and
+the service's view of it: each migration of sql/ applied once, in order,
+recorded with its checksum; a changed applied file refused and named;
+--dry-run lists and changes nothing; a database an earlier release made
+(sql/ applied by its migrate, no version table) adopted; make db refuses
+to load the dev data into a database other than the embedded one. The
+service says its release on every answer and in /healthz, and names a
+database whose schema is behind (503) or ahead (200) of it, at start in
+its log and on every /healthz."""
+
+import hashlib
+import os
+import re
+import shutil
+import socket
+import subprocess
+import sys
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "lib"))
+from harness import (DB_URL, ROOT, TMP, Api, Kore, Tap, new_key,  # noqa: E402
+                     request, wait_until)
+
+t = Tap()
+admin = re.sub(r"dbname=\S+", "dbname=postgres", DB_URL)
+base = f"idem_migrate_{os.getpid()}"
+SQL = sorted(f for f in os.listdir(os.path.join(ROOT, "sql")) if f.endswith(".sql"))
+with open(os.path.join(ROOT, "src", "core", "release.h")) as f:
+    RELEASE = re.search(r'IDEM_RELEASE\s+"([^"]+)"', f.read()).group(1)
+
+
+def psql(conninfo, query, check=True):
+    return subprocess.run(["psql", conninfo, "-XAtq", "-v", "ON_ERROR_STOP=1", "-c", query],
+                          check=check, capture_output=True, text=True).stdout.strip()
+
+
+def database(suffix):
+    name = f"{base}_{suffix}"
+    psql(admin, f"drop database if exists {name}")
+    psql(admin, f"create database {name}")
+    created.append(name)
+    return re.sub(r"dbname=\S+", f"dbname={name}", DB_URL)
+
+
+def migrate(url, *args, sql_dir=None, env=None):
+    e = dict(os.environ, IDEM_DATABASE_URL=url)
+    e.pop("IDEM_MIGRATE_LIST", None)
+    e.update(env or {})
+    if sql_dir:
+        e["IDEM_MIGRATIONS_DIR"] = sql_dir
+    r = subprocess.run(["make", "-s", "migrate"] + ([f"ARGS={' '.join(args)}"] if args else []),
+                       cwd=ROOT, env=e, capture_output=True, text=True)
+    r.out = r.stdout + r.stderr
+    return r
+
+
+def recorded(url):
+    out = psql(url, "select name || ' ' || checksum from schema_migrations order by name")
+    return dict(l.split(" ") for l in out.splitlines())
+
+
+def sha(path):
+    with open(path, "rb") as f:
+        return hashlib.sha256(f.read()).hexdigest()
+
+
+def sql_copy(name, drop=(), add=()):
+    d = os.path.join(TMP, f"migrate-{name}")
+    shutil.rmtree(d, ignore_errors=True)
+    shutil.copytree(os.path.join(ROOT, "sql"), d)
+    for f in drop:
+        os.unlink(os.path.join(d, f))
+    for f, text in add:
+        with open(os.path.join(d, f), "w") as out:
+            out.write(text)
+    return d
+
+
+def table_exists(url, table):
+    return psql(url, f"select to_regclass('{table}') is not null") == "t"
+
+
+created = []
+try:
+    # --- a fresh database ---------------------------------------------------
+    url = database("fresh")
+    listed = migrate(url, "--dry-run")
+    t.ok(listed.returncode == 0 and
+         [l for l in listed.stdout.splitlines() if l.startswith("would apply ")] ==
+         [f"would apply {f}" for f in SQL],
+         "--dry-run lists every migration of sql/, in order", listed.out)
+    t.ok(not table_exists(url, "schema_migrations") and not table_exists(url, "clients"),
+         "and changes nothing")
+    listed = migrate(url, env={"IDEM_MIGRATE_LIST": "1"})
+    t.ok(listed.returncode == 0 and listed.stdout.count("would apply ") == len(SQL) and
+         not table_exists(url, "clients"), "IDEM_MIGRATE_LIST=1 make migrate lists too",
+         listed.out)
+
+    first = migrate(url)
+    t.ok(first.returncode == 0 and
+         [l for l in first.stdout.splitlines() if l.startswith("applied ")] ==
+         [f"applied {f}" for f in SQL], "make migrate applies each, in order", first.out)
+    t.eq(recorded(url), {f: sha(os.path.join(ROOT, "sql", f)) for f in SQL},
+         "each recorded with the SHA-256 of its bytes")
+    t.eq(psql(url, "select count(*) from clients") + " " +
+         psql(url, "select count(*) from pg_namespace where nspname = 'provider'"), "0 0",
+         "never the dev data: no client, no fake provider schema")
+    stamp = psql(url, "select max(applied_at) from schema_migrations")
+    second = migrate(url)
+    t.ok(second.returncode == 0 and "applied " not in second.stdout and
+         psql(url, "select max(applied_at) from schema_migrations") == stamp,
+         "run again, it applies nothing", second.out)
+    t.ok("nothing to apply" in migrate(url, "--dry-run").stdout,
+         "and --dry-run says there is nothing to apply")
+
+    # --- a changed file, and a new one beside it ---------------------------
+    changed = sql_copy("changed", add=[("900_new.sql", "create table migrate_new (a int);\n")])
+    with open(os.path.join(changed, SQL[1]), "a") as f:
+        f.write("\n-- an edit after the release\n")
+    listed = migrate(url, "--dry-run", sql_dir=changed)
+    t.ok(listed.returncode != 0 and f"refused: {SQL[1]} changed" in listed.stderr and
+         "would apply 900_new.sql" in listed.stdout,
+         "--dry-run names the changed file it would refuse, and the new one", listed.out)
+    refused = migrate(url, sql_dir=changed)
+    t.ok(refused.returncode != 0 and f"refused: {SQL[1]} changed" in refused.stderr,
+         "make migrate refuses a changed applied file, naming it", refused.out)
+    t.ok(not table_exists(url, "migrate_new") and
+         recorded(url)[SQL[1]] == sha(os.path.join(ROOT, "sql", SQL[1])),
+         "and applies nothing: not the new file either, the old checksum kept")
+
+    # A failing file: named, not recorded, the ones after it not applied.
+    bad = sql_copy("bad", add=[("900_bad.sql", "select idem_no_such_function();\n"),
+                               ("901_after.sql", "create table migrate_after (a int);\n")])
+    r = migrate(url, sql_dir=bad)
+    t.ok(r.returncode != 0 and "900_bad.sql failed" in r.stderr and
+         "900_bad.sql" not in recorded(url) and not table_exists(url, "migrate_after"),
+         "a failing migration is named, not recorded, and stops the run", r.out)
+
+    # --- a database an earlier release made ---------------------------------
+    # 1.0.0 (RELEASES) applied every file of its sql/ on every run, with
+    # no version table (its scripts/lib.sh migrate: psql -1 -f each).
+    old = database("old")
+    v100 = open(os.path.join(ROOT, "RELEASES")).read()
+    commit = re.search(r"^1\.0\.0\s+([0-9a-f]{7,40})", v100, re.M).group(1)
+    names = subprocess.run(["git", "ls-tree", "--name-only", f"{commit}:sql"], cwd=ROOT,
+                           check=True, capture_output=True, text=True).stdout.split()
+    for f in names:
+        text = subprocess.run(["git", "show", f"{commit}:sql/{f}"], cwd=ROOT, check=True,
+                              capture_output=True, text=True).stdout
+        subprocess.run(["psql", old, "-Xq1", "-v", "ON_ERROR_STOP=1", "-o", "/dev/null",
+                        "-f", "-"], input=text, check=True, capture_output=True, text=True)
+    psql(old, "insert into clients values ('old-shop', repeat('a', 64))")
+    adopted = migrate(old)
+    t.ok(adopted.returncode == 0 and "an earlier release made; adopting it" in adopted.out,
+         "make migrate adopts a database 1.0.0 made, and says so", adopted.out)
+    t.eq(recorded(old), {f: sha(os.path.join(ROOT, "sql", f)) for f in SQL},
+         "every migration recorded with its checksum")
+    t.eq(psql(old, "select client_id from clients"), "old-shop", "its rows kept")
+    t.ok("applied " not in migrate(old).stdout, "and the next run applies nothing")
+
+    # --- make db against a database that is not the embedded one ------------
+    other = database("other")
+    e = dict(os.environ, IDEM_DATABASE_URL=other)
+    e.pop("IDEM_LOAD_DEV_DATA", None)
+    r = subprocess.run(["make", "-s", "db"], cwd=ROOT, env=e, capture_output=True, text=True)
+    t.ok(r.returncode != 0 and "refused" in r.stderr and "IDEM_LOAD_DEV_DATA=1" in r.stderr,
+         "make db refuses to load the dev data into another database, and says how",
+         r.stdout + r.stderr)
+    t.ok(not table_exists(other, "clients") and not table_exists(other, "schema_migrations"),
+         "and changes nothing")
+    e["IDEM_LOAD_DEV_DATA"] = "1"
+    r = subprocess.run(["make", "-s", "db"], cwd=ROOT, env=e, capture_output=True, text=True)
+    t.ok(r.returncode == 0 and
+         psql(other, "select count(*) from clients where client_id like 'shop-%'") == "2",
+         "with IDEM_LOAD_DEV_DATA=1 it loads them", r.stdout + r.stderr)
+
+    # --- the service: its release, and a schema behind or ahead -------------
+    behind = database("behind")
+    r = migrate(behind, sql_dir=sql_copy("behind", drop=[SQL[-1]]))
+    t.ok(r.returncode == 0, "a database migrated without the last migration", r.out)
+    api = Api(name="api-migrate")
+    api.env["IDEM_DATABASE_URL"] = behind
+    Kore.start(api, lambda: request(api.port, "GET", "/healthz", timeout=3).status == 503)
+    h = request(api.port, "GET", "/healthz")
+    t.ok(h.status == 503 and h.json().get("type", "").endswith("/database-misconfigured") and
+         "schema behind" in h.json()["detail"] and SQL[-1] in h.json()["detail"],
+         "a database behind: /healthz 503 database-misconfigured names what it lacks", h)
+    t.eq(h.headers.get("idem-version"), RELEASE, "the 503 carries Idem-Version")
+    wait_until(lambda: "schema behind" in api.read_log(), "the start's log to name it")
+    log = api.read_log()
+    t.ok(f"idem {RELEASE}" in log and "schema behind" in log and SQL[-1] in log,
+         "the log says the release at start and names the schema behind", log[-1500:])
+
+    r = migrate(behind)
+    t.ok(r.returncode == 0 and f"applied {SQL[-1]}" in r.stdout, "make migrate catches up",
+         r.out)
+    wait_until(lambda: request(api.port, "GET", "/healthz", timeout=3).status == 200,
+               "/healthz to answer 200 once migrated")
+    h = request(api.port, "GET", "/healthz")
+    t.eq(h.json(), {"status": "ok", "database": "up", "version": RELEASE,
+                    "schema": "current"}, "then /healthz: 200, its release, schema current")
+
+    # A newer release migrated first (a rolling upgrade): this one serves on.
+    newer = sql_copy("newer", add=[("999_newer_release.sql", "select 1;\n")])
+    r = migrate(behind, sql_dir=newer)
+    t.ok(r.returncode == 0, "a newer release's migration applied", r.out)
+    h = request(api.port, "GET", "/healthz")
+    t.eq((h.status, h.json().get("schema")), (200, "ahead: 999_newer_release.sql"),
+         "a database ahead: /healthz 200, naming the migration it does not know")
+    psql(behind, "insert into clients values ('shop-1', '"
+         + hashlib.sha256(b"dev-shop-1").hexdigest() + "')")
+    o = api.post("/v1/orders", {"customer_id": "c-migrate", "amount": 100, "currency": "RUB"},
+                 key=new_key("migrate"))
+    t.ok(o.status == 201 and o.headers.get("idem-version") == RELEASE,
+         "an order is served beside it, with Idem-Version", o)
+    r = migrate(behind)
+    t.ok(r.returncode == 0 and "999_newer_release.sql" in r.stderr and
+         "does not" in r.stderr, "this release's make migrate names it and leaves it", r.out)
+    api.stop()
+    api = Api(name="api-migrate-ahead")
+    api.env["IDEM_DATABASE_URL"] = behind
+    api.start()
+    wait_until(lambda: "schema ahead" in api.read_log(), "the start's log to name it")
+    t.ok("999_newer_release.sql" in api.read_log(), "its start's log names a schema ahead")
+
+    # Every answer carries the release: Kore's own bare ones too.
+    with socket.create_connection(("127.0.0.1", api.port), timeout=10) as s:
+        s.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-Bad: \x01\r\n\r\n")
+        raw = b""
+        while b"\r\n\r\n" not in raw:
+            chunk = s.recv(4096)
+            if not chunk:
+                break
+            raw += chunk
+    head = raw.split(b"\r\n\r\n")[0].decode(errors="replace").lower()
+    t.ok(head.startswith("http/1.1 400") and f"idem-version: {RELEASE}" in head,
+         "a bare answer of Kore's carries Idem-Version", head)
+    for path in ("/openapi.json", "/metrics", "/v1/no-such-route"):
+        r = request(api.port, "GET", path)
+        t.eq(r.headers.get("idem-version"), RELEASE, f"GET {path} carries Idem-Version")
+    api.stop()
+finally:
+    for name in created:
+        psql(admin, f"drop database if exists {name}", check=False)
+
+t.done()
