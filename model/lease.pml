@@ -29,6 +29,15 @@
  *                          list is read as soon as a kept 5xx is released
  *   MUTANT_RESEND_RETAINED a derived key re-sent past the provider's
  *                          retention of it, instead of listed first
+ * and two more, of the same kind:
+ *   MUTANT_RELEASE_RETRY   today's late worker on the release path: it
+ *                          tells its client to retry whatever the key
+ *                          holds now (a retry after the cleanup is a
+ *                          second payment)
+ *   MUTANT_NO_RECOVERY     no recovery job: a charge whose answer was lost
+ *                          after the client gave up stays unknown (the
+ *                          liveness property's own check: refuted by an
+ *                          acceptance cycle)
  */
 
 /* Bounds (model/README.md says why they suffice). */
@@ -47,7 +56,8 @@
 #endif
 
 #if defined(MUTANT_NO_FENCE) || defined(MUTANT_ANY_5XX_KEPT) || \
-    defined(MUTANT_NO_SETTLE) || defined(MUTANT_RESEND_RETAINED)
+    defined(MUTANT_NO_SETTLE) || defined(MUTANT_RESEND_RETAINED) || \
+    defined(MUTANT_RELEASE_RETRY) || defined(MUTANT_NO_RECOVERY)
 #define MUTANT
 #endif
 
@@ -90,8 +100,12 @@ bit	row_indeterminate;	/* indeterminate */
 bit	row_settled;		/* indeterminate_at + the settle window < now() */
 byte	row_charge;		/* the saved charge (the payment's charge_id) */
 
-/* The payment row of the key: kept after the cleanup deletes the key. */
+/*
+ * The payment row of the key (its charge), kept after the cleanup deletes
+ * the key; and how many payment rows lease_complete() made for it.
+ */
 byte	payment_charge;
+byte	npayments;
 
 /*
  * The provider, per generation g of the derived key (<client>:<key>,
@@ -136,6 +150,12 @@ byte	faults = FAULTS;
 #define SETTLING	0
 #else
 #define SETTLING	(row_indeterminate && !row_settled)
+#endif
+
+#ifdef MUTANT_NO_RECOVERY
+#define NO_RECOVERY	1
+#else
+#define NO_RECOVERY	0
 #endif
 
 /* The fence of every write: the row is still this attempt's. */
@@ -183,12 +203,25 @@ byte	faults = FAULTS;
 	:: atomic { aged[g] && (pk[g] == PK_CHARGED || pk[g] == PK_KEPT) \
 	    -> pk[g] = PK_FORGOTTEN }
 
+/*
+ * The client is told to retry with the same key (409, 502, 503, 504): it
+ * will, before the service's retention ends.
+ */
+inline told_retry()
+{
+	retry = 1;
+	if
+	:: me != JOB -> to_come[me] = 1
+	:: else
+	fi
+}
+
 /* What the key holds now, answered by a late (fenced) attempt. */
 inline answer_now()
 {
 	if
 	:: row_status == DONE -> ANSWER_201(row_charge); retry = 0
-	:: row_status == IN_PROGRESS -> retry = 1	/* 409 */
+	:: row_status == IN_PROGRESS -> told_retry()	/* 409 */
 	:: row_status == ABSENT -> retry = 0		/* 410 key-expired */
 	fi
 }
@@ -232,10 +265,10 @@ end_flow:
 			ANSWER_201(row_charge);
 			state = LEASE_END
 		:: row_status == IN_PROGRESS && row_locked ->
-			retry = 1;		/* 409 in_flight */
+			told_retry();		/* 409 in_flight */
 			state = LEASE_END
 		:: row_status == IN_PROGRESS && !row_locked && SETTLING ->
-			retry = 1;		/* 503 outcome-pending */
+			told_retry();		/* 503 outcome-pending */
 			state = LEASE_END
 		:: row_status == IN_PROGRESS && !row_locked && !SETTLING ->
 			take()			/* taken_over */
@@ -246,7 +279,7 @@ end_flow:
 	 * one in its settle window (its recover_at is the window's end).
 	 */
 	:: atomic { state == LEASE_CLAIM && row_status == IN_PROGRESS &&
-	    !row_locked && !SETTLING -> take() }
+	    !row_locked && !SETTLING && !NO_RECOVERY -> take() }
 
 	/* decide (flow_decide): reconcile first, or call */
 	:: atomic { state == LEASE_DECIDE ->
@@ -423,6 +456,8 @@ end_flow:
 			live[me] = 0;
 			row_charge = id;
 			payment_charge = id;
+			npayments++;
+			assert(npayments <= 1);	/* one payment per key */
 			ANSWER_201(id);
 			retry = 0
 		:: else ->			/* fenced */
@@ -443,9 +478,13 @@ end_flow:
 				row_settled = 0
 			:: else
 			fi;
-			retry = 1		/* 409, 502, 503, 504 */
+			told_retry()		/* 409, 502, 503, 504 */
 		:: else ->			/* fenced */
+#ifdef MUTANT_RELEASE_RETRY
+			told_retry()
+#else
 			answer_now()
+#endif
 		fi;
 		state = LEASE_END }
 
@@ -462,9 +501,9 @@ end_flow:
 		:: me == JOB -> state = LEASE_CLAIM
 		:: me != JOB && retry && tries + 1 < TRIES ->
 			tries++;
-			to_come[me] = 1;
 			state = LEASE_RESERVE
 		:: me != JOB && !(retry && tries + 1 < TRIES) ->
+			to_come[me] = 0;	/* it gives up */
 			break
 		fi }
 	od
@@ -512,6 +551,15 @@ end_world:
 	:: atomic { row_status == DONE && NONE_TO_COME ->
 		row_status = ABSENT;
 		row_locked = 0 }
+
+#ifdef LIVENESS
+	/*
+	 * Time goes on once nothing else can happen: a run that stops is
+	 * an infinite one for the LTL property (SPIN's own stutter of an
+	 * end state is not checked under weak fairness, -f).
+	 */
+	:: timeout -> skip
+#endif
 	od
 }
 
