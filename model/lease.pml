@@ -40,7 +40,36 @@
  *                          acceptance cycle)
  */
 
-/* Bounds (model/README.md says why they suffice). */
+/*
+ * Abstractions (model/README.md, "What the model leaves out"):
+ *   - time is events, not durations: a lease ends, the settle window
+ *     passes, a key ages past the provider's retention less the margin,
+ *     the service's retention passes (world); each may come at any
+ *     moment its assumption allows, never at a fixed one;
+ *   - the settle window's assumption: what the provider makes of a kept
+ *     5xx, and its list's lag, are over within the window (the residual
+ *     risk); a request cut by a gateway or a timeout has no such bound;
+ *   - the key retention's: older than the retention less the margin, no
+ *     request of the key is still under way at the provider;
+ *   - the lease's: it outlasts the provider timeout (checked at start),
+ *     so a lease never ends during its holder's call;
+ *   - a fencing token is the attempt that holds it (only equality of
+ *     lease_id values matters); the provider's idempotency per derived
+ *     key is exact (a replay, or 409 while the first is under way);
+ *   - a charge is a number, the n-th of this client key; refusals (402,
+ *     422) are saved outcomes like a success and are left out, as are a
+ *     mismatched fingerprint, pagination and the job's backoff (any
+ *     moment after the lease ends);
+ *   - one client key: keys do not share rows or provider keys (item 4b's
+ *     encoding), so a second key is a copy of the first.
+ */
+
+/*
+ * Bounds (model/README.md says why they suffice). A fault is anything
+ * that goes wrong: the run has FAULTS of them in all, so that the
+ * provider and the workers end up working (the fairness the liveness
+ * property needs); a kept 5xx is not a fault, it is bounded by GMAX.
+ */
 #ifndef CLIENTS
 #define CLIENTS		2	/* a client's attempts (request, retries) */
 #endif
@@ -158,6 +187,21 @@ byte	faults = FAULTS;
 #define NO_RECOVERY	0
 #endif
 
+/*
+ * A call is sent only while the attempt's lease covers the whole call,
+ * and never with a key past the provider's retention less the margin.
+ */
+#ifdef MUTANT_NO_FENCE
+#define LIVE(me)	1
+#else
+#define LIVE(me)	live[me]
+#endif
+#ifdef MUTANT_RESEND_RETAINED
+#define RETAINED(g)	0
+#else
+#define RETAINED(g)	aged[g]
+#endif
+
 /* The fence of every write: the row is still this attempt's. */
 #ifdef MUTANT_NO_FENCE
 #define FENCE(me)	(row_status == IN_PROGRESS)
@@ -233,7 +277,7 @@ inline take()
 	row_locked = 1;
 	live[me] = 1;
 	gen = row_gen;
-	reconcile = row_indeterminate || aged[row_gen];
+	reconcile = row_indeterminate || RETAINED(row_gen);
 	state = LEASE_DECIDE
 }
 
@@ -294,11 +338,11 @@ end_flow:
 	 */
 	:: atomic { state == LEASE_RECONCILE ->
 		if
-		:: !live[me] ->
+		:: !LIVE(me) ->
 			/* provider_answer_unresolved: the key stays as it is */
 			class = PROVIDER_TRANSIENT;
 			state = LEASE_RELEASE
-		:: live[me] ->
+		:: LIVE(me) ->
 			assert(ncalling == 0);
 			if
 			:: faults > 0 ->		/* LISTED_FAILED */
@@ -336,7 +380,7 @@ end_flow:
 	:: atomic { state == LEASE_GENERATION ->
 		if
 		:: FENCE(me) && row_gen == gen &&
-		    (row_indeterminate || aged[gen]) ->
+		    (row_indeterminate || RETAINED(gen)) ->
 #ifdef MUTANT
 			/* a mutant's run past the bound is cut here */
 			row_gen < GMAX;
@@ -361,16 +405,12 @@ end_flow:
 	 */
 	:: atomic { state == LEASE_CALL && !calling[me] ->
 		if
-#ifndef MUTANT_RESEND_RETAINED
-		:: aged[gen] ->
-			state = LEASE_RECONCILE
-#endif
-#ifndef MUTANT_NO_FENCE
-		:: !aged[gen] && !live[me] ->
+		:: !LIVE(me) ->			/* not within its lease */
 			class = PROVIDER_TRANSIENT;
 			state = LEASE_RELEASE
-#endif
-		:: else ->
+		:: LIVE(me) && RETAINED(gen) ->	/* list first */
+			state = LEASE_RECONCILE
+		:: LIVE(me) && !RETAINED(gen) ->
 			assert(ncalling == 0);	/* one caller per key */
 			ncalling++;
 			calling[me] = 1
