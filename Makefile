@@ -1,7 +1,7 @@
 # The README's commands. Each target installs what a fresh Debian 12
 # machine lacks (as root) before it builds.
 
-.PHONY: all build prod run demo test test-sanitize test-loaded soak fuzz db migrate stop reset api provider bench bench-schema deps clean \
+.PHONY: all build prod run demo test test-sanitize test-loaded soak fuzz model db migrate stop reset api provider bench bench-schema deps clean \
 	cluster cluster-failover cluster-reset test-cluster test-edge test-upgrade
 
 all: build
@@ -36,6 +36,9 @@ soak:
 fuzz:
 	@scripts/fuzz
 
+model:
+	@scripts/model
+
 db: deps
 	@scripts/db
 
@@ -64,7 +67,7 @@ bench-schema: deps
 clean:
 	kodev clean || true
 	rm -f app.so .build-flavor
-	rm -rf .fuzz
+	rm -rf .fuzz .model
 
 cluster: deps
 	@scripts/cluster
