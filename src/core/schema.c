@@ -15,8 +15,11 @@
 
 #include <libpq-fe.h>
 
+#include <sys/wait.h>
+
 #include <stdio.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "release.h"
 #include "schema.h"
@@ -48,15 +51,48 @@ schema_version_header(void)
 	http_server_version(line);
 }
 
+static void	schema_check(void);
+
+/*
+ * The check runs in a process of its own (forked twice, so that Kore's
+ * parent never has it as a child to reap), before the server binds: a name
+ * lookup or a database slow to answer never delays the start, and its
+ * connection is never inherited by a worker.
+ */
 void
 schema_check_at_start(void)
+{
+	pid_t		pid;
+	int		status;
+
+	kore_log(LOG_NOTICE, "idem %s (its schema: %d migrations of sql/)",
+	    IDEM_RELEASE, schema_expected_count);
+
+	fflush(stdout);
+	fflush(stderr);
+	if ((pid = fork()) == -1) {
+		kore_log(LOG_NOTICE, "schema not checked at start: fork: %s",
+		    errno_s);
+		return;
+	}
+	if (pid == 0) {
+		if (fork() == 0) {
+			schema_check();
+			fflush(stdout);
+			_exit(0);
+		}
+		_exit(0);
+	}
+	while (waitpid(pid, &status, 0) == -1 && errno == EINTR)
+		;
+}
+
+static void
+schema_check(void)
 {
 	PGconn		*conn;
 	PGresult	*res;
 	const char	*keys[4], *values[4], *params[1], *state;
-
-	kore_log(LOG_NOTICE, "idem %s (its schema: %d migrations of sql/)",
-	    IDEM_RELEASE, schema_expected_count);
 
 	/* The URL's own settings first; the bounds after it win. */
 	keys[0] = "dbname";
