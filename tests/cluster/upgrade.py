@@ -229,24 +229,18 @@ def new_migrations():
 
 
 def migrate():
-    # TODO: make migrate (sql/ alone, each file once, recorded with its
-    # checksum in a version table, adopting the database an earlier release
-    # made), once it lands. Until then, the files of sql/ that are new or
-    # changed since the previous release, with scripts/lib.sh's apply_sql
-    # (one transaction each). Not every file again: under load, the
-    # re-applied 001_core.sql deadlocked with the serving instances (its
-    # "alter table ... add column if not exists" takes an ACCESS EXCLUSIVE
-    # lock on idempotency_keys even when the column is there).
+    """make migrate, as an operator runs it before the new instances: it
+    adopts the database the previous release made (its migrations recorded
+    by their checksums, not run again under the load) and applies what this
+    release adds."""
     files = new_migrations()
-    log(f"this release's migrations: {[os.path.basename(f) for f in files] or 'none'}")
-    if not files:
-        t.ok(True, "this release has no migration the previous one lacks")
-        return
-    r = subprocess.run(["bash", "-c", '. "$1/scripts/lib.sh"; shift; apply_sql "$@"', "_",
-                        ROOT, os.environ["IDEM_TEST_DATABASE_URL"]] + files,
+    log(f"this release's migrations: make migrate "
+        f"(new or changed: {[os.path.basename(f) for f in files] or 'none'})")
+    r = subprocess.run([os.path.join(ROOT, "scripts", "migrate"),
+                        os.environ["IDEM_TEST_DATABASE_URL"]],
                        capture_output=True, text=True, timeout=300)
-    t.ok(r.returncode == 0, "this release's migrations apply while the previous "
-         "release serves", r.stderr[-2000:])
+    t.ok(r.returncode == 0, "make migrate applies this release's migrations while "
+         "the previous release serves", r.stdout[-2000:] + r.stderr[-2000:])
 
 
 def replace(i):
