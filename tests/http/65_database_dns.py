@@ -126,7 +126,10 @@ try:
               IDEM_DB_TIMEOUT_MS=TIMEOUT_MS)
     api.env["IDEM_DATABASE_URL"] = url(pg.port)
     super(Api, api).start(lambda: True)
-    wait_until(lambda: dns.queries > 0, "the worker to ask the resolver")
+    # The parent's check of the schema at start asks too, before the
+    # worker is forked: the worker first, then a query.
+    wait_until(lambda: api.workers() and dns.queries > 0,
+               "the worker to start and the resolver to be asked")
     workers = api.workers()
 
     try:
