@@ -15,7 +15,9 @@
  * Kore does not read, is refused with a problem, and the connection is
  * closed once that answer is sent (CONN_CLOSE_EMPTY: Kore then neither
  * offers keep-alive nor reads the connection again), so that no byte after
- * the head is ever taken for a request. Kore's own errors (404, 405 and
+ * the head is ever taken for a request. A route given an authentication
+ * block of its own (kore.conf) is refused at start: Kore runs one block
+ * per route, and the check would be skipped there. Kore's own errors (404, 405 and
  * 400 before a handler) close the connection already.
  */
 
@@ -61,8 +63,22 @@ framing_guard_routes(void)
 	LIST_FOREACH(srv, &kore_servers, list) {
 		TAILQ_FOREACH(dom, &srv->domains, list) {
 			TAILQ_FOREACH(hdlr, &dom->handlers, list) {
-				if (hdlr->auth == NULL)
+				if (hdlr->auth == NULL) {
 					hdlr->auth = auth;
+					continue;
+				}
+				/*
+				 * Kore runs one block per route: a route's
+				 * own would go unchecked. Refused at start.
+				 */
+				if (hdlr->auth != auth) {
+					fatal("route %s has the authentication "
+					    "block '%s' of its own: the framing "
+					    "check (src/core/framing.c) would not "
+					    "run on it; check in the handler "
+					    "instead", hdlr->path,
+					    hdlr->auth->name);
+				}
 			}
 		}
 	}

@@ -132,6 +132,20 @@ for method, path in targets:
         refused_and_closed(got, closed, what, method == b"HEAD")
         t.eq(key_taken(key), 0, f"{what}: the smuggled order never ran")
 
+# 1b. In one write, the smuggled request right after the carrier's head,
+# inside Kore's first read: bytes already in its buffer when it answers.
+for method, path in targets:
+    key = new_key("smuggle-inread")
+    smuggled = order(key)
+    raw = head(method, path, len(smuggled)) + smuggled
+    assert len(raw) < 4096
+    with socket.create_connection(("127.0.0.1", api.port), timeout=HANG) as s:
+        s.sendall(raw)
+        got, closed = read_to_close(s)
+    what = f"{method.decode()} {path.decode()}, a POST in the same read as its head"
+    refused_and_closed(got, closed, what, method == b"HEAD")
+    t.eq(key_taken(key), 0, f"{what}: the smuggled order never ran")
+
 # 2. The body in a later packet, sent once the carrier's answer is read.
 for method, path in targets[:5]:
     key = new_key("smuggle-late")
@@ -201,4 +215,22 @@ refused_and_closed(got, closed, "after a reload, a GET /healthz carrying a POST"
 t.eq(key_taken(key), 0, "after a reload: the smuggled order never ran")
 
 api.stop()
+
+# 6. A route given an authentication block of its own in kore.conf would
+# run that block instead of the check (Kore runs one per route): the
+# service refuses to start, and says why.
+guarded = Api(name="smuggle-own-auth", conf_extra=[
+    "validator v_own function framing_check",
+    "authentication own {", "\tauthentication_type request",
+    "\tauthentication_validator v_own", "}",
+    "domain 127.0.0.2 {", "\tattach api", "\troute /own healthz own", "}"])
+try:
+    guarded.start()
+    started = True
+except RuntimeError:
+    started = False
+guarded.stop()
+t.ok(not started and "has the authentication block 'own' of its own" in guarded.read_log(),
+     "a route with its own authentication block: the service refuses to start, naming it",
+     guarded.read_log()[-600:])
 t.done()
