@@ -542,7 +542,7 @@ WRITE = [(["idempotency-key-missing", "idempotency-key-malformed",
 LEASE = [(["request-in-progress"], (), True),
          (["idempotency-key-expired"],),
          (["provider-unavailable"],),
-         (["provider-rate-limited"], (), True),
+         (["provider-rate-limited", "outcome-pending"], (), True),
          (["provider-timeout"],)]
 
 

@@ -55,6 +55,8 @@ static const struct problem_type	problems[PROBLEM_MAX] = {
 	    "The database refuses the service's connection or schema" },
 	[PROBLEM_PROVIDER_RATE_LIMITED] = { 503, "provider-rate-limited",
 	    "The payment provider is limiting the service's requests" },
+	[PROBLEM_OUTCOME_PENDING] = { 503, "outcome-pending",
+	    "The provider's outcome is not known yet" },
 	[PROBLEM_NOT_FOUND] = { 404, "not-found", "No such resource" },
 	[PROBLEM_METHOD_NOT_ALLOWED] = { 405, "method-not-allowed",
 	    "Method not allowed on this resource" },

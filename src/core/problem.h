@@ -35,7 +35,8 @@
 #define PROBLEM_REFUND_REJECTED		23
 #define PROBLEM_DATABASE_MISCONFIGURED	24
 #define PROBLEM_PROVIDER_RATE_LIMITED	25
-#define PROBLEM_MAX			26
+#define PROBLEM_OUTCOME_PENDING		26
+#define PROBLEM_MAX			27
 
 /* No problem: a read whose function never answers NULL (idem_read). */
 #define PROBLEM_NONE			(-1)

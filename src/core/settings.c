@@ -72,6 +72,12 @@ static const struct number_setting	numbers[] = {
 	{ "IDEM_REPLAY_CACHE_ENTRIES", &settings.replay_cache_entries,
 	    4096, 1, 65536 },
 	{ "IDEM_FAKE_PROVIDER_KEEPS_5XX", &settings.fake_keeps_5xx, 0, 0, 1 },
+	/* Unset: the provider's own (src/lease/provider.c). */
+	{ "IDEM_PROVIDER_SETTLE_SECONDS", &settings.provider_settle_seconds,
+	    SETTING_UNSET, 0, 86400 },
+	{ "IDEM_PROVIDER_KEY_RETENTION_SECONDS",
+	    &settings.provider_key_retention_seconds, SETTING_UNSET, 0,
+	    366 * 86400 },
 };
 
 static const struct text_setting	texts[] = {

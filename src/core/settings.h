@@ -31,8 +31,13 @@ struct settings {
 	u_int32_t	replay_cache_seconds;
 	u_int32_t	replay_cache_entries;
 	u_int32_t	fake_keeps_5xx;
+	u_int32_t	provider_settle_seconds;
+	u_int32_t	provider_key_retention_seconds;
 	int		loaded;
 };
+
+/* A number whose default is another part's (the provider's table). */
+#define SETTING_UNSET	0xffffffffU
 
 extern struct settings	settings;
 

@@ -25,6 +25,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include <kore/kore.h>
 #include <kore/http.h>
@@ -129,6 +130,9 @@ static int	post_lookup(struct http_request *);
 static int	post_record(struct http_request *);
 static int	post_think(struct http_request *);
 static int	post_respond(struct http_request *);
+
+/* This worker's answers so far: their request ids. */
+static u_int64_t	request_ids;
 static void	post_respond_created(struct http_request *,
 		    struct provider_request *);
 static int	list(struct http_request *);
@@ -436,6 +440,16 @@ post_respond(struct http_request *req)
 {
 	struct provider_request	*p = http_state_get(req);
 	const char		*retry_after;
+	char			id[48];
+
+	/*
+	 * Every answer of its own carries a request id, as Stripe's do: the
+	 * API takes a kept 500 as the provider's only with it (a gateway's
+	 * 5xx has none).
+	 */
+	(void)snprintf(id, sizeof(id), "req_fake_%d_%llu", (int)getpid(),
+	    (unsigned long long)++request_ids);
+	http_response_header(req, "request-id", id);
 
 	if (p->refusal != NULL) {
 		problem_respond(req, p->refusal->problem, "%s",

@@ -43,17 +43,17 @@
 #define LEASE_RESERVE_SQL						\
 	"SELECT outcome, lease_id, status_code, response, retry_after, "	\
 	"request, generation, reconcile, taken_at, reconcile_until, "	\
-	"age_ms, standby FROM lease_reserve($1, "			\
+	"age_ms, standby, settling, generation_age FROM lease_reserve($1, "	\
 	"$2, $3, $4, $5::jsonb, $6::int, $7::int)"
 
 #define LEASE_CLAIM_SQL							\
 	"SELECT client_id, idem_key, lease_id, operation, request, "	\
-	"generation, reconcile, taken_at, reconcile_until FROM "		\
-	"lease_recover_claim($1::int, $2::int, $3::int, $4::text[])"
+	"generation, reconcile, taken_at, reconcile_until, generation_age "	\
+	"FROM lease_recover_claim($1::int, $2::int, $3::int, $4::text[])"
 
 #define LEASE_GENERATION_SQL						\
 	"SELECT lease_generation($1, $2, $3::bigint, $4::int, $5::int, "	\
-	"$6::int) AS generation"
+	"$6::int, $7::int) AS generation"
 
 #define LEASE_COMPLETE_SQL						\
 	"SELECT outcome, status_code, response, status FROM "		\
@@ -61,7 +61,11 @@
 
 #define LEASE_RELEASE_SQL						\
 	"SELECT released, attempts, wait_seconds FROM lease_release($1, "	\
-	"$2, $3::bigint, $4::boolean, $5::int, $6::int)"
+	"$2, $3::bigint, $4::boolean, $5::int, $6::int, $7::int)"
+
+#define LEASE_NOW_SQL							\
+	"SELECT outcome, status_code, response, status FROM lease_now($1, "	\
+	"$2)"
 
 /* A reconciliation reads at most this many pages of 100 of a list. */
 #define RECONCILE_PAGES_MAX	100
@@ -96,6 +100,7 @@ static int	flow_generation(struct lease_flow *);
 static int	flow_call(struct lease_flow *);
 static int	flow_settle(struct lease_flow *);
 static int	flow_release(struct lease_flow *);
+static int	flow_now(struct lease_flow *);
 static int	flow_query(struct lease_flow *, const char *, int,
 		    const char **);
 static void	flow_db_reset(struct lease_flow *);
@@ -125,6 +130,7 @@ static const struct lease_state	lease_states[LEASE_STATES] = {
 	[LEASE_CALL] = { "call the provider", flow_call },
 	[LEASE_SETTLE] = { "settle: save the outcome", flow_settle },
 	[LEASE_RELEASE] = { "release the lease", flow_release },
+	[LEASE_NOW] = { "fenced: read what the key holds now", flow_now },
 };
 
 static struct http_state	lease_http_states[] = {
@@ -327,6 +333,8 @@ flow_reserve(struct lease_flow *f)
 
 	f->op = r->op;
 	(void)kore_strlcpy(f->operation, r->op->name, sizeof(f->operation));
+	if (f->stmt_started == 0)
+		f->stmt_started = kore_time_ms();
 
 	if ((ret = flow_query(f, LEASE_RESERVE_SQL, 7, params)) != LEASE_NEXT)
 		return (ret);
@@ -365,6 +373,8 @@ flow_claim(struct lease_flow *f)
 	params[1] = lease;
 	params[2] = call;
 	params[3] = kore_buf_stringify(&ops, NULL);
+	if (f->stmt_started == 0)
+		f->stmt_started = kore_time_ms();
 
 	ret = flow_query(f, LEASE_CLAIM_SQL, 4, params);
 	kore_buf_cleanup(&ops);
@@ -387,6 +397,7 @@ flow_decide(struct lease_flow *f)
 	struct lease_attempt	*a = &f->attempt;
 	struct idem_request	*r;
 	const char		*outcome, *name, *client, *key;
+	u_int32_t		stale;
 
 	if (db_call_rows(f->db) == 0) {
 		f->end = f->req != NULL ? LEASE_END_ANSWERED :
@@ -425,8 +436,19 @@ flow_decide(struct lease_flow *f)
 	f->taken_at = (int64_t)strtod(db_call_field(f->db, "taken_at"), NULL);
 	f->reconcile_until = (int64_t)strtod(db_call_field(f->db,
 	    "reconcile_until"), NULL);
-	f->lease_ends = kore_time_ms() +
+	f->lease_ends = f->stmt_started +
 	    (u_int64_t)settings.lease_seconds * 1000;
+	f->stmt_started = 0;
+
+	/*
+	 * A generation first sent longer ago than the provider keeps keys
+	 * (less a margin) is never sent again: the provider may have
+	 * forgotten it, and would take it as new. It is listed first.
+	 */
+	stale = provider_key_stale_seconds();
+	f->stale = stale > 0 && !a->call->fresh_key &&
+	    strtod(db_call_field(f->db, "generation_age"), NULL) >=
+	    (double)stale;
 
 	/* What the provider is sent: the request as the key row keeps it. */
 	kore_buf_reset(&f->request);
@@ -444,7 +466,7 @@ flow_decide(struct lease_flow *f)
 	}
 
 	flow_db_reset(f);
-	f->state = f->reconcile ? LEASE_RECONCILE : LEASE_CALL;
+	f->state = f->reconcile || f->stale ? LEASE_RECONCILE : LEASE_CALL;
 
 	return (LEASE_NEXT);
 }
@@ -527,8 +549,10 @@ flow_reconcile(struct lease_flow *f)
 		break;
 	default:
 		kore_log(LOG_NOTICE, "reconciled %s:%s: no %s under "
-		    "generations 1 to %u; the next is %u", a->client_id,
-		    a->key, a->call->noun, a->generation, a->generation + 1);
+		    "generations 1 to %u (%s); the next is %u", a->client_id,
+		    a->key, a->call->noun, a->generation, f->reconcile ?
+		    "after its settle window" : "past the provider's key "
+		    "retention", a->generation + 1);
 		f->state = LEASE_GENERATION;
 		break;
 	}
@@ -549,11 +573,13 @@ static int
 flow_generation(struct lease_flow *f)
 {
 	struct lease_attempt	*a = &f->attempt;
-	const char		*params[6];
-	char			gen[16], lease[16], call[16];
+	const char		*params[7];
+	char			gen[16], lease[16], call[16], stale[16];
 	int			ret;
 
 	(void)snprintf(gen, sizeof(gen), "%u", a->generation);
+	(void)snprintf(stale, sizeof(stale), "%u",
+	    provider_key_stale_seconds());
 	(void)snprintf(lease, sizeof(lease), "%u", settings.lease_seconds);
 	(void)snprintf(call, sizeof(call), "%u", settings.provider_timeout_ms);
 	params[0] = a->client_id;
@@ -562,21 +588,33 @@ flow_generation(struct lease_flow *f)
 	params[3] = gen;
 	params[4] = lease;
 	params[5] = call;
+	params[6] = provider_key_stale_seconds() > 0 ? stale : NULL;
+	if (f->stmt_started == 0)
+		f->stmt_started = kore_time_ms();
 
-	if ((ret = flow_query(f, LEASE_GENERATION_SQL, 6, params)) !=
+	if ((ret = flow_query(f, LEASE_GENERATION_SQL, 7, params)) !=
 	    LEASE_NEXT)
 		return (ret);
 
 	if (db_call_rows(f->db) != 1 || db_call_null(f->db, 0)) {
-		f->end = LEASE_END_FENCED;
-		return (LEASE_DONE);
+		f->stmt_started = 0;
+		if (f->req == NULL) {
+			f->end = LEASE_END_FENCED;
+			return (LEASE_DONE);
+		}
+		/* Its client gets what the key holds now. */
+		flow_db_reset(f);
+		f->state = LEASE_NOW;
+		return (LEASE_NEXT);
 	}
 
 	a->generation = (u_int32_t)strtoul(db_call_value(f->db, 0), NULL, 10);
 	f->reconcile = 0;
+	f->stale = 0;
 	/* lease_generation() gave the lease a new start. */
-	f->lease_ends = kore_time_ms() +
+	f->lease_ends = f->stmt_started +
 	    (u_int64_t)settings.lease_seconds * 1000;
+	f->stmt_started = 0;
 	flow_db_reset(f);
 	f->state = LEASE_CALL;
 
@@ -588,6 +626,23 @@ static int
 flow_call(struct lease_flow *f)
 {
 	struct lease_attempt	*a = &f->attempt;
+
+	/*
+	 * Sent only while the whole call fits in this attempt's lease: past
+	 * it another attempt may hold the key and call (the model's "one
+	 * caller at a time"). A reserve answered late gets here so.
+	 */
+	if (!a->calling && kore_time_ms() + settings.provider_timeout_ms >=
+	    f->lease_ends) {
+		kore_log(LOG_NOTICE, "not calling the provider for %s:%s: its "
+		    "lease %s would end during the call", a->client_id, a->key,
+		    a->lease_id);
+		a->answer = &provider_answer_unsent;
+		(void)snprintf(a->pcall.detail, sizeof(a->pcall.detail),
+		    "the payment provider was not called in time");
+		f->state = LEASE_RELEASE;
+		return (LEASE_NEXT);
+	}
 
 	if (!lease_attempt_call(a, (const char *)f->request.data,
 	    f->request.offset, f->req))
@@ -649,16 +704,23 @@ static int
 flow_release(struct lease_flow *f)
 {
 	struct lease_attempt	*a = &f->attempt;
-	const char		*params[6];
-	char			base[16], cap[16];
+	const char		*params[7];
+	char			base[16], cap[16], settle[16];
 	int			ret;
 
+	/*
+	 * Only a 5xx the provider proved it keeps starts a settle window; a
+	 * listing that could not be read leaves the key as it was.
+	 */
+	(void)snprintf(settle, sizeof(settle), "%u", provider_settle_seconds);
 	params[0] = a->client_id;
 	params[1] = a->key;
 	params[2] = a->lease_id;
-	params[3] = a->answer->class == PROVIDER_INDETERMINATE ? "t" : "f";
+	params[3] = a->answer->class == PROVIDER_INDETERMINATE &&
+	    a->answer->problem == PROBLEM_OUTCOME_PENDING ? "t" : "f";
 	params[4] = NULL;
 	params[5] = NULL;
+	params[6] = settle;
 	if (f->req == NULL) {
 		(void)snprintf(base, sizeof(base), "%u",
 		    settings.recovery_backoff_seconds);
@@ -668,10 +730,47 @@ flow_release(struct lease_flow *f)
 		params[5] = cap;
 	}
 
-	if ((ret = flow_query(f, LEASE_RELEASE_SQL, 6, params)) != LEASE_NEXT)
+	if ((ret = flow_query(f, LEASE_RELEASE_SQL, 7, params)) != LEASE_NEXT)
 		return (ret);
 
+	/*
+	 * Fenced: another attempt took the key meanwhile. Its client gets
+	 * what the key holds now, never "retry" whatever it holds.
+	 */
+	if (f->req != NULL && db_call_rows(f->db) == 1 &&
+	    strcmp(db_call_field(f->db, "released"), "t")) {
+		metrics_count(COUNTER_LEASE_FENCED, 1);
+		kore_log(LOG_NOTICE, "lease %s of %s:%s was taken over; not "
+		    "released", a->lease_id, a->client_id, a->key);
+		flow_db_reset(f);
+		f->state = LEASE_NOW;
+		return (LEASE_NEXT);
+	}
+
 	f->end = LEASE_END_RELEASED;
+	return (LEASE_DONE);
+}
+
+/*
+ * now: an attempt of a request that lost its lease reads what the key
+ * holds now (lease_now(): as lease_complete() answers a fenced attempt),
+ * which lease_respond_fenced() answers: the saved outcome, 409 while
+ * another attempt runs, 410 once deleted.
+ */
+static int
+flow_now(struct lease_flow *f)
+{
+	struct lease_attempt	*a = &f->attempt;
+	const char		*params[2];
+	int			ret;
+
+	params[0] = a->client_id;
+	params[1] = a->key;
+
+	if ((ret = flow_query(f, LEASE_NOW_SQL, 2, params)) != LEASE_NEXT)
+		return (ret);
+
+	f->end = LEASE_END_SETTLED;
 	return (LEASE_DONE);
 }
 
@@ -967,6 +1066,16 @@ lease_respond_answered(struct http_request *req)
 	if (!strcmp(outcome, "mismatch"))
 		return (idem_fail_mismatch(req));
 
+	if (!strcmp(outcome, "in_flight") &&
+	    !strcmp(db_call_field(&r->db, "settling"), "t")) {
+		after = db_call_field(&r->db, "retry_after");
+		http_response_header(req, "retry-after", after);
+		return (idem_fail(req, PROBLEM_OUTCOME_PENDING, "the payment "
+		    "provider's outcome of Idempotency-Key '%s' is not known "
+		    "yet (its settle window); nothing was sent. Retry in %s s "
+		    "with the same key", r->key, after));
+	}
+
 	if (!strcmp(outcome, "in_flight")) {
 		after = db_call_field(&r->db, "retry_after");
 		http_response_header(req, "retry-after", after);
@@ -1005,13 +1114,19 @@ lease_respond_released(struct http_request *req)
 	struct lease_attempt	*a = &r->lease->attempt;
 	char			after[16];
 
-	if (strcmp(db_call_field(&r->db, "released"), "t")) {
-		metrics_count(COUNTER_LEASE_FENCED, 1);
-		kore_log(LOG_NOTICE, "lease %s of %s:%s was taken over; not "
-		    "released", a->lease_id, r->client_id, r->key);
-	}
-
 	(void)snprintf(after, sizeof(after), "%u", a->pcall.retry_after);
+
+	/* A kept 5xx: the settle window has started. */
+	if (a->answer->problem == PROBLEM_OUTCOME_PENDING) {
+		(void)snprintf(after, sizeof(after), "%u",
+		    provider_settle_seconds > 0 ? provider_settle_seconds : 1);
+		http_response_header(req, "retry-after", after);
+		return (idem_fail(req, PROBLEM_OUTCOME_PENDING, "the payment "
+		    "provider failed this %s with an answer it keeps under the "
+		    "key: it may still be made. Retry in %s s with the same "
+		    "Idempotency-Key: the service then asks the provider, and "
+		    "makes it only if it was not made", a->call->noun, after));
+	}
 
 	/* The provider still processes the same key: its 409. */
 	if (a->answer->class == PROVIDER_BUSY) {

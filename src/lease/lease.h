@@ -62,7 +62,8 @@ struct lease_attempt {
 #define LEASE_CALL		5
 #define LEASE_SETTLE		6
 #define LEASE_RELEASE		7
-#define LEASE_STATES		8
+#define LEASE_NOW		8	/* fenced: what the key holds now */
+#define LEASE_STATES		9
 
 /* How a flow ended. */
 #define LEASE_END_ANSWERED	1	/* the key row answered (f->db) */
@@ -94,8 +95,16 @@ struct lease_flow {
 	int64_t				taken_at;
 	int64_t				reconcile_until;
 
-	/* When this attempt's lease ends, by this worker's clock (ms). */
+	/*
+	 * When this attempt's lease ends, by this worker's clock (ms),
+	 * measured from before the statement that took it (stmt_started):
+	 * never later than the database's end of it.
+	 */
 	u_int64_t			lease_ends;
+	u_int64_t			stmt_started;
+
+	/* Its generation is past the provider's key retention: listed. */
+	int				stale;
 
 	/* A reconciliation: the page, where the next one starts. */
 	int				pages;

@@ -80,10 +80,12 @@ static const struct answer_rule	fake_rules[] = {
 	    PROBLEM_PAYMENT_REJECTED, "any other 4xx" } },
 	/* Kept under the key with IDEM_FAKE_PROVIDER_KEEPS_5XX=1 only. */
 	{ MATCH_KEPT, 500, 599, NULL, { PROVIDER_INDETERMINATE,
-	    PROBLEM_PROVIDER_UNAVAILABLE, "5xx kept under the key "
-	    "(IDEM_FAKE_PROVIDER_KEEPS_5XX=1)" } },
+	    PROBLEM_OUTCOME_PENDING, "5xx kept under the key "
+	    "(IDEM_FAKE_PROVIDER_KEEPS_5XX=1), proven: its internal-error "
+	    "problem with a Request-Id" } },
 	{ MATCH_STATUS, 500, 599, NULL, { PROVIDER_TRANSIENT,
-	    PROBLEM_PROVIDER_UNAVAILABLE, "5xx, not kept under the key" } },
+	    PROBLEM_PROVIDER_UNAVAILABLE, "any other 5xx: not kept under the "
+	    "key, or not proven (a gateway's)" } },
 	/* From LONG_MIN: a status below 0 must not fall through the table. */
 	{ MATCH_STATUS, LONG_MIN, LONG_MAX, NULL, { PROVIDER_TRANSIENT,
 	    PROBLEM_PROVIDER_UNAVAILABLE, "anything else (1xx, 3xx)" } },
@@ -119,8 +121,11 @@ static const struct answer_rule	stripe_rules[] = {
 	    PROBLEM_PAYMENT_REJECTED, "invalid_request_error and any other "
 	    "4xx (amount_too_large, ...)" } },
 	{ MATCH_KEPT, 500, 599, NULL, { PROVIDER_INDETERMINATE,
-	    PROBLEM_PROVIDER_UNAVAILABLE, "5xx api_error, kept under the "
-	    "key and replayed" } },
+	    PROBLEM_OUTCOME_PENDING, "5xx proven Stripe's own: a JSON "
+	    "api_error with a Request-Id, kept under the key and replayed" } },
+	{ MATCH_STATUS, 500, 599, NULL, { PROVIDER_TRANSIENT,
+	    PROBLEM_PROVIDER_UNAVAILABLE, "any other 5xx (HTML or empty, no "
+	    "Request-Id: a gateway's): not proven kept, the same key again" } },
 	{ MATCH_STATUS, LONG_MIN, LONG_MAX, NULL, { PROVIDER_TRANSIENT,
 	    PROBLEM_PROVIDER_UNAVAILABLE, "anything else (1xx, 3xx)" } },
 };
@@ -195,6 +200,11 @@ static const struct provider	providers[] = {
 		.body = BODY_JSON,
 		.bearer = 0,
 		.keeps_5xx = 0,
+		.kept_type = "/problems/internal-error",
+		.kept_header = "Request-Id",
+		/* Its kept 500 makes nothing: no late object to wait for. */
+		.settle_seconds = 2,
+		.key_retention_seconds = 0,
 		.rules = fake_rules,
 		.nrules = sizeof(fake_rules) / sizeof(fake_rules[0]),
 		.reason = { "detail" },
@@ -213,6 +223,19 @@ static const struct provider	providers[] = {
 		.body = BODY_FORM,
 		.bearer = 1,
 		.keeps_5xx = 1,
+		.kept_type = "api_error",
+		.kept_header = "Request-Id",
+		/*
+		 * Stripe gives no figure for when a 500's outcome has
+		 * appeared (docs.stripe.com/error-low-level, "Server
+		 * errors": reconcile before another attempt); five minutes
+		 * is well past its own clients' 80 s request timeout.
+		 * Keys: Stripe may prune a key once it is 24 hours old, and
+		 * then takes it as new (docs.stripe.com/api/
+		 * idempotent_requests).
+		 */
+		.settle_seconds = 300,
+		.key_retention_seconds = 86400,
 		.rules = stripe_rules,
 		.nrules = sizeof(stripe_rules) / sizeof(stripe_rules[0]),
 		.reason = { "error", "message" },
@@ -229,6 +252,8 @@ static const struct provider	providers[] = {
 };
 
 const struct provider		*provider = NULL;
+u_int32_t			provider_settle_seconds = 0;
+u_int32_t			provider_key_retention_seconds = 0;
 
 /* The fake provider that keeps its 5xx: a copy of its table that says so. */
 static struct provider		fake_keeping;
@@ -262,6 +287,14 @@ provider_select(void)
 		provider = &fake_keeping;
 	}
 
+	provider_settle_seconds = settings.provider_settle_seconds !=
+	    SETTING_UNSET ? settings.provider_settle_seconds :
+	    provider->settle_seconds;
+	provider_key_retention_seconds =
+	    settings.provider_key_retention_seconds != SETTING_UNSET ?
+	    settings.provider_key_retention_seconds :
+	    provider->key_retention_seconds;
+
 	for (i = 0; i < idem_nroutes; i++) {
 		if ((call = idem_routes[i].op->call) == NULL)
 			continue;
@@ -272,6 +305,30 @@ provider_select(void)
 			    "%s", provider->kind, name);
 		}
 	}
+}
+
+/*
+ * The age past which a generation's derived key is never sent again but
+ * listed: the provider's key retention less a margin longer than any
+ * request of it can last (a tenth of the retention, at least twice the
+ * provider timeout). 0: the provider forgets no key. A retention within
+ * the margin lists every attempt after a generation's first.
+ */
+u_int32_t
+provider_key_stale_seconds(void)
+{
+	u_int32_t	margin;
+
+	if (provider_key_retention_seconds == 0)
+		return (0);
+
+	margin = provider_key_retention_seconds / 10;
+	if (margin < settings.provider_timeout_ms / 500)
+		margin = settings.provider_timeout_ms / 500;
+	if (margin >= provider_key_retention_seconds)
+		return (1);
+
+	return (provider_key_retention_seconds - margin);
 }
 
 const struct provider_op *

@@ -67,6 +67,22 @@ struct provider {
 	/* It keeps a 5xx under the key and replays it (Stripe API v1). */
 	int				keeps_5xx;
 
+	/*
+	 * What proves a 5xx is its own, kept under the key (MATCH_KEPT): its
+	 * error type (error_type's path) and a header it sets on every
+	 * answer. A 5xx without them is a gateway's, or a proxy's: transient.
+	 */
+	const char			*kept_type;
+	const char			*kept_header;
+
+	/*
+	 * The settle window after a kept 5xx, and how long it remembers an
+	 * idempotency key (0: for ever), in seconds: the defaults of
+	 * IDEM_PROVIDER_SETTLE_SECONDS and IDEM_PROVIDER_KEY_RETENTION_SECONDS.
+	 */
+	u_int32_t			settle_seconds;
+	u_int32_t			key_retention_seconds;
+
 	const struct answer_rule	*rules;
 	size_t				nrules;
 
@@ -95,6 +111,12 @@ struct provider {
 };
 
 extern const struct provider	*provider;
+
+/* The provider's settle window and key retention, as configured. */
+extern u_int32_t		provider_settle_seconds;
+extern u_int32_t		provider_key_retention_seconds;
+
+u_int32_t		provider_key_stale_seconds(void);
 
 void			provider_select(void);
 const struct provider_op *provider_op(const char *);

@@ -10,10 +10,12 @@
  *                  saved, the lease released, 409 with its Retry-After
  *   transient      nothing saved, the lease released, 502, 503 (429) or
  *                  504; a retry (or the recovery job) sends the same key
- *   indeterminate  a 5xx the provider keeps under the key: nothing saved,
- *                  the lease released and the key marked, so that the
- *                  next attempt asks the provider whether the operation
- *                  exists before it sends anything (lease.c, reconcile)
+ *   indeterminate  a 5xx the provider keeps under the key and proves its
+ *                  own (kept_proven()): nothing saved, the lease released,
+ *                  the key marked and its settle window started; after
+ *                  the window the next attempt asks the provider whether
+ *                  the operation exists before it sends anything (lease.c,
+ *                  reconcile). Any other 5xx is transient.
  *   configuration  401, 403, 404, ...: this service's fault, not the
  *                  payer's; nothing saved, released, logged at error
  *   key conflict   the provider says the key met other parameters: never
@@ -60,10 +62,17 @@ const struct provider_answer	provider_answer_unresolved = {
 	"not reconciled: the provider could not be asked"
 };
 
+const struct provider_answer	provider_answer_unsent = {
+	PROVIDER_TRANSIENT, PROBLEM_PROVIDER_UNAVAILABLE,
+	"not sent: the lease would end during the call"
+};
+
 static int	rule_matches(const struct provider *,
 		    const struct answer_rule *, struct provider_call *,
 		    struct json_value *, const char *);
 static int	type_matches(const char *, struct json_value *);
+static int	kept_proven(const struct provider *, struct provider_call *,
+		    struct json_value *);
 static int	id_valid(struct json_value *);
 static void	describe(const struct provider *,
 		    const struct provider_answer *, struct provider_call *,
@@ -143,7 +152,7 @@ rule_matches(const struct provider *p, const struct answer_rule *rule,
 			return (0);
 		break;
 	case MATCH_KEPT:
-		if (!p->keeps_5xx)
+		if (!p->keeps_5xx || !kept_proven(p, call, body))
 			return (0);
 		break;
 	case MATCH_STATUS:
@@ -154,6 +163,33 @@ rule_matches(const struct provider *p, const struct answer_rule *rule,
 
 	return (call->result == CURLE_OK &&
 	    call->status >= rule->min && call->status <= rule->max);
+}
+
+/*
+ * Whether a 5xx is the provider's own answer, which it keeps under the
+ * key: its error type in its own body, and its request id header. A
+ * gateway, a proxy or a load balancer in between answers an HTML or empty
+ * 5xx without them while the provider may still work on the request:
+ * that is transient, and the same key is sent again.
+ */
+static int
+kept_proven(const struct provider *p, struct provider_call *call,
+    struct json_value *body)
+{
+	struct curl_header	*h;
+
+	if (p->kept_type == NULL || p->kept_header == NULL ||
+	    call->easy == NULL)
+		return (0);
+
+	if (!type_matches(p->kept_type, provider_path(body, p->error_type)))
+		return (0);
+
+	if (curl_easy_header(call->easy, p->kept_header, 0, CURLH_HEADER, -1,
+	    &h) != CURLHE_OK || h->value == NULL || h->value[0] == '\0')
+		return (0);
+
+	return (1);
 }
 
 /* An error type: equal, or for a row's "/..." the end of a type's URL. */

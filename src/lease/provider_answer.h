@@ -58,5 +58,6 @@ int				provider_answer_logged_error(
 extern const struct provider_answer	provider_answer_reconciled;
 extern const struct provider_answer	provider_answer_pending;
 extern const struct provider_answer	provider_answer_unresolved;
+extern const struct provider_answer	provider_answer_unsent;
 
 #endif

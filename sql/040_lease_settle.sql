@@ -1,0 +1,353 @@
+-- The lease strategy's settle window and the provider's key retention
+-- (issue 28; model/lease.pml's LEASE_RESERVE, LEASE_CLAIM, LEASE_RELEASE,
+-- LEASE_GENERATION and answer_now()).
+--
+-- A 5xx the provider keeps under the key and proves as its own
+-- (indeterminate) starts a settle window (settle_until): until it ends no
+-- attempt takes the key, a retry is answered "outcome pending", the
+-- recovery job passes the key over; what the provider made of the request
+-- may still appear meanwhile. After it, the next attempt lists first.
+--
+-- A generation whose derived key was first sent longer ago than the
+-- provider keeps keys (less a margin) is never sent again: the attempt
+-- lists first, and only a listing that finds nothing moves the key to its
+-- next generation (generation_at: when the current one was taken).
+--
+-- The functions of 003_lease.sql keep their signatures, so that the
+-- instances of a rolling upgrade that still call them keep working: the
+-- ones that answer rows gain columns at the end (an older instance names
+-- the columns it reads); the ones whose behaviour changes get an overload
+-- with one more argument, and the older one stays as it was.
+
+alter table idempotency_keys add column if not exists settle_until
+    timestamptz;
+alter table idempotency_keys add column if not exists generation_at
+    timestamptz;
+
+comment on column idempotency_keys.settle_until is
+    'Lease strategy: after a 5xx the provider kept under the key and proved '
+    'as its own, the end of the settle window; until then no attempt takes '
+    'the key (retries: 503 outcome-pending) and the recovery job passes it '
+    'over.';
+comment on column idempotency_keys.generation_at is
+    'Lease strategy: when the key moved to its current generation (null: '
+    'generation 1, taken at created_at). A generation older than the '
+    'provider''s key retention less a margin is listed, never sent again.';
+
+-- The shapes without settling and generation_age: dropped once, so that
+-- these can be made with the new columns.
+do $$
+declare
+	v_fn	regprocedure;
+begin
+	for v_fn in select p.oid::regprocedure from pg_proc p
+	     where p.proname in ('lease_answer', 'lease_reserve',
+		   'lease_recover_claim')
+	       and p.pronamespace = current_schema()::regnamespace
+	       and pg_get_function_result(p.oid) not like '%generation_age%'
+	loop
+		execute format('drop function %s', v_fn);
+	end loop;
+end;
+$$;
+
+-- As in 003_lease.sql, and: a key in its settle window is in_flight with
+-- settling true, retry_after the seconds until the window ends (an older
+-- instance answers it as a 409 with that Retry-After); generation_age is
+-- the age of the current generation, by the database's clock.
+create or replace function lease_answer(p_client text, p_key text,
+    p_operation text, p_fingerprint text)
+returns table (outcome text, lease_id bigint, status_code int,
+    response text, retry_after int, request jsonb, generation int,
+    reconcile boolean, taken_at double precision,
+    reconcile_until double precision, age_ms bigint, standby boolean,
+    settling boolean, generation_age double precision)
+language sql stable as $$
+	select case when k.operation <> p_operation or
+		    k.fingerprint <> p_fingerprint then 'mismatch'
+		    when k.status = 'done' then 'replayed'
+		    when k.locked_until > now() then 'in_flight'
+		    when k.settle_until > now() then 'in_flight'
+		    else 'expired' end,
+	       k.lease_id, k.status_code, k.response,
+	       case when k.locked_until <= now() and k.settle_until > now()
+		    then greatest(1, ceil(extract(epoch from
+			k.settle_until - now())))::int
+		    else greatest(1, ceil(extract(epoch from
+			least(k.locked_until, coalesce(k.call_deadline,
+			k.locked_until)) - now())))::int end,
+	       null::jsonb, k.provider_generation, k.indeterminate,
+	       extract(epoch from k.created_at)::double precision,
+	       extract(epoch from k.indeterminate_at)::double precision,
+	       greatest(0, (extract(epoch from clock_timestamp() -
+		   k.created_at) * 1000)::bigint),
+	       idem_standby(),
+	       k.status = 'in_progress' and k.locked_until <= now() and
+		   coalesce(k.settle_until > now(), false),
+	       extract(epoch from now() - coalesce(k.generation_at,
+		   k.created_at))::double precision
+	  from idempotency_keys k
+	 where k.client_id = p_client and k.idem_key = p_key;
+$$;
+
+comment on function lease_answer(text, text, text, text) is
+    'The state of an existing key as lease_reserve() answers it; age_ms '
+    'and standby as tx_execute() answers them, for the replay cache; '
+    'settling: in its settle window (in_flight, retry_after until it ends).';
+
+-- As in 003_lease.sql, and a key in its settle window is not taken over.
+create or replace function lease_reserve(p_client text, p_key text,
+    p_operation text, p_fingerprint text, p_request jsonb,
+    p_lease_seconds int, p_call_ms int)
+returns table (outcome text, lease_id bigint, status_code int,
+    response text, retry_after int, request jsonb, generation int,
+    reconcile boolean, taken_at double precision,
+    reconcile_until double precision, age_ms bigint, standby boolean,
+    settling boolean, generation_age double precision)
+language plpgsql as $$
+declare
+	v_lease		bigint;
+	v_request	jsonb;
+	v_generation	int;
+	v_reconcile	boolean;
+	v_taken		double precision;
+	v_until		double precision;
+	v_age		double precision;
+	v_admit		regproc;
+	v_status	int;
+	v_response	text;
+	v_retry		int;
+begin
+	-- A retry that can be answered from the row is answered without the
+	-- upsert below, which would lock the row (and serialise replays).
+	return query select * from lease_answer(p_client, p_key, p_operation,
+	    p_fingerprint) a where a.outcome <> 'expired';
+	if found then
+		perform idem_confirm();
+		return;
+	end if;
+
+	select o.admit into v_admit
+	  from idem_operations o
+	 where o.operation = p_operation and o.strategy = 'lease';
+	if not found then
+		raise exception 'no lease operation %', p_operation;
+	end if;
+
+	insert into idempotency_keys as k (client_id, idem_key, operation,
+	    fingerprint, status, lease_id, locked_until, call_deadline,
+	    request)
+	values (p_client, p_key, p_operation, p_fingerprint, 'in_progress', 1,
+	    now() + make_interval(secs => p_lease_seconds),
+	    now() + make_interval(secs => p_call_ms / 1000.0), p_request)
+	on conflict (client_id, idem_key) do update
+	   set lease_id = k.lease_id + 1,
+	       locked_until = now() + make_interval(secs => p_lease_seconds),
+	       call_deadline = excluded.call_deadline
+	 where k.status = 'in_progress' and k.locked_until <= now()
+	   and (k.settle_until is null or k.settle_until <= now())
+	   and k.operation = excluded.operation
+	   and k.fingerprint = excluded.fingerprint
+	returning k.lease_id, k.request, k.provider_generation, k.indeterminate,
+	    extract(epoch from k.created_at), extract(epoch from k.indeterminate_at),
+	    extract(epoch from now() - coalesce(k.generation_at, k.created_at))
+	  into v_lease, v_request, v_generation, v_reconcile, v_taken, v_until,
+	    v_age;
+
+	if not found then
+		-- Another attempt took or finished the key meanwhile, or it
+		-- is in its settle window.
+		return query select * from lease_answer(p_client, p_key,
+		    p_operation, p_fingerprint);
+		perform idem_confirm();
+		return;
+	end if;
+
+	if v_lease > 1 then
+		return query select 'taken_over'::text, v_lease, null::int,
+		    null::text, null::int, v_request, v_generation,
+		    v_reconcile, v_taken, v_until, null::bigint, null::boolean,
+		    false, v_age;
+		return;
+	end if;
+
+	if v_admit is not null then
+		-- Exactly one row, saying yes (a request) or no (a status):
+		-- anything else is a fault of the admit function, not a yes.
+		execute format('select status_code, response, request, '
+		    'retry_after from %s($1, $2, $3)', v_admit)
+		   into strict v_status, v_response, v_request, v_retry
+		  using p_client, p_key, p_request;
+
+		if v_status is not null then
+			delete from idempotency_keys k
+			 where k.client_id = p_client and k.idem_key = p_key;
+			return query select 'refused'::text, null::bigint,
+			    v_status, v_response, v_retry, null::jsonb,
+			    null::int, null::boolean, null::double precision,
+			    null::double precision, null::bigint, null::boolean,
+			    false, null::double precision;
+			return;
+		end if;
+
+		if v_request is null then
+			raise exception '% admitted %:% without a request',
+			    v_admit, p_client, p_key;
+		end if;
+
+		update idempotency_keys k set request = v_request
+		 where k.client_id = p_client and k.idem_key = p_key;
+	end if;
+
+	return query select 'reserved'::text, v_lease, null::int, null::text,
+	    null::int, v_request, v_generation, v_reconcile, v_taken, v_until,
+	    null::bigint, null::boolean, false, v_age;
+end;
+$$;
+
+comment on function lease_reserve(text, text, text, text, jsonb, int, int) is
+    'Lease strategy, step 1: reserved or taken_over (with the lease_id that '
+    'fences this attempt, the request to send, the generation of the '
+    'provider key, whether it must be reconciled first and the age of the '
+    'generation), refused (by the operation''s admit: not taken), else '
+    'mismatch, in_flight (with retry_after: the seconds until the holder''s '
+    'provider call gives up, or with settling until its settle window '
+    'ends) or replayed (with the saved response).';
+
+-- As in 003_lease.sql, and a key in its settle window is passed over.
+create or replace function lease_recover_claim(p_after_seconds int,
+    p_lease_seconds int, p_call_ms int, p_operations text[] default null)
+returns table (client_id text, idem_key text, lease_id bigint,
+    operation text, request jsonb, generation int, reconcile boolean,
+    taken_at double precision, reconcile_until double precision,
+    generation_age double precision)
+language sql as $$
+	with a as materialized (
+		select c.client_id, c.idem_key
+		  from idempotency_keys c
+		 where c.locked_until < now()
+		   and coalesce(c.recover_at, c.locked_until +
+			   make_interval(secs => p_after_seconds)) < now()
+		   and c.status = 'in_progress'
+		   and (c.settle_until is null or c.settle_until <= now())
+		   and c.operation in (select o.operation from idem_operations o
+			where o.strategy = 'lease' and o.recover)
+		   and (p_operations is null or c.operation = any (p_operations))
+		 order by coalesce(c.recover_at, c.locked_until +
+			   make_interval(secs => p_after_seconds))
+		 limit 1
+		   for update skip locked)
+	update idempotency_keys k
+	   set lease_id = k.lease_id + 1,
+	       locked_until = now() + make_interval(secs => p_lease_seconds),
+	       call_deadline = now() + make_interval(secs => p_call_ms / 1000.0)
+	  from a
+	 where k.client_id = a.client_id and k.idem_key = a.idem_key
+	returning k.client_id, k.idem_key, k.lease_id, k.operation, k.request,
+	    k.provider_generation, k.indeterminate,
+	    extract(epoch from k.created_at)::double precision,
+	    extract(epoch from k.indeterminate_at)::double precision,
+	    extract(epoch from now() - coalesce(k.generation_at,
+		k.created_at))::double precision;
+$$;
+
+comment on function lease_recover_claim(int, int, int, text[]) is
+    'Recovery: claims one key abandoned for more than p_after_seconds (or, '
+    'after an attempt of the job, due again at recover_at), never one in '
+    'its settle window, with a new lease and fencing token, and returns '
+    'what is needed to call the provider again with the same derived key.';
+
+-- As lease_release(text, text, bigint, boolean, int, int), and a proven
+-- indeterminate answer (p_indeterminate) starts the settle window of
+-- p_settle_seconds.
+create or replace function lease_release(p_client text, p_key text,
+    p_lease bigint, p_indeterminate boolean, p_base int, p_cap int,
+    p_settle_seconds int)
+returns table (released boolean, attempts int, wait_seconds int)
+language plpgsql as $$
+begin
+	return query
+	update idempotency_keys k
+	   set locked_until = now(),
+	       indeterminate = k.indeterminate or p_indeterminate,
+	       indeterminate_at = case when p_indeterminate then now()
+		   else k.indeterminate_at end,
+	       settle_until = case when p_indeterminate then now() +
+		   make_interval(secs => p_settle_seconds)
+		   else k.settle_until end,
+	       recovery_attempts = k.recovery_attempts +
+		   case when p_base is null then 0 else 1 end,
+	       recover_at = case when p_base is null then k.recover_at
+		   else now() + make_interval(secs => least(p_cap,
+		       p_base * power(2, least(k.recovery_attempts, 30)))) end
+	 where k.client_id = p_client and k.idem_key = p_key
+	   and k.lease_id = p_lease and k.status = 'in_progress'
+	returning true, k.recovery_attempts, coalesce(extract(epoch from
+	    k.recover_at - k.locked_until)::int, 0);
+
+	if not found then
+		return query select false, null::int, null::int;
+	end if;
+end;
+$$;
+
+comment on function lease_release(text, text, bigint, boolean, int, int,
+    int) is
+    'Lease strategy, when an attempt ends without an outcome: ends the '
+    'lease now; an indeterminate answer marks the key for reconciliation '
+    'and starts its settle window; with p_base backs the recovery job off '
+    'the key. released false if fenced.';
+
+-- As lease_generation(text, text, bigint, int, int, int), and also moves a
+-- generation that is p_stale_seconds old or more (the provider's key
+-- retention less a margin; null: the provider forgets no key) once its
+-- listing found nothing. The new generation's clock starts now.
+create or replace function lease_generation(p_client text, p_key text,
+    p_lease bigint, p_generation int, p_lease_seconds int, p_call_ms int,
+    p_stale_seconds int)
+returns int
+language sql as $$
+	update idempotency_keys k
+	   set provider_generation = k.provider_generation + 1,
+	       indeterminate = false,
+	       settle_until = null,
+	       generation_at = now(),
+	       locked_until = now() + make_interval(secs => p_lease_seconds),
+	       call_deadline = now() + make_interval(secs => p_call_ms / 1000.0)
+	 where k.client_id = p_client and k.idem_key = p_key
+	   and k.lease_id = p_lease and k.status = 'in_progress'
+	   and k.provider_generation = p_generation
+	   and (k.indeterminate or p_stale_seconds is not null and
+		coalesce(k.generation_at, k.created_at) <=
+		now() - make_interval(secs => p_stale_seconds))
+	returning k.provider_generation;
+$$;
+
+comment on function lease_generation(text, text, bigint, int, int, int,
+    int) is
+    'Lease strategy, after a reconciliation found nothing: moves the key to '
+    'the next generation of its provider key, under the lease, from an '
+    'indeterminate generation or one past the provider''s key retention '
+    '(p_stale_seconds), with a new lease and call deadline. Null if fenced.';
+
+-- What a key holds now, for an attempt that lost it (fenced) on any path:
+-- one row, the key's status, its saved answer when done, 'gone' when the
+-- cleanup has deleted it since.
+create or replace function lease_now(p_client text, p_key text)
+returns table (outcome text, status_code int, response text, status text)
+language plpgsql stable as $$
+begin
+	return query select 'fenced'::text, k.status_code, k.response,
+	    k.status
+	  from idempotency_keys k
+	 where k.client_id = p_client and k.idem_key = p_key;
+	if not found then
+		return query select 'fenced'::text, null::int, null::text,
+		    'gone'::text;
+	end if;
+end;
+$$;
+
+comment on function lease_now(text, text) is
+    'Lease strategy: the state of a key as a fenced attempt answers it '
+    '(as lease_complete() does when fenced). Always one row.';
