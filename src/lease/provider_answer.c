@@ -287,8 +287,8 @@ describe(const struct provider *p, const struct provider_answer *answer,
 		(void)snprintf(call->detail, sizeof(call->detail),
 		    "the payment provider answered %ld and keeps that answer "
 		    "under this %s's key, so whether it was made is not known "
-		    "yet; the next attempt asks the provider first", call->status,
-		    noun);
+		    "yet; after its settle window the next attempt asks the "
+		    "provider first", call->status, noun);
 		return;
 	case PROVIDER_CONFIG:
 		(void)snprintf(call->detail, sizeof(call->detail),

@@ -921,6 +921,111 @@ class StubProvider:
         self.server.server_close()
 
 
+class Gateway:
+    """An ordinary gateway between the service and its provider (an egress
+    proxy, a load balancer): a real HTTP server on loopback, in a thread of
+    the test, that passes requests to upstream and their answers back, all
+    headers included. With hold_first, the first POST of each
+    Idempotency-Key is answered at once with the gateway's own HTML 502 (no
+    Request-Id) while the request itself is HELD, and sent on to upstream
+    only when the test says so (release()): the provider makes the charge
+    after the service was told 502. held() lists the keys held."""
+
+    def __init__(self, upstream_port, hold_first=True, port=None):
+        import http.server
+        import http.client
+
+        self.upstream_port = upstream_port
+        self.hold_first = hold_first
+        self.seen = set()
+        self._held = []
+        self.forwarded = []
+        gw = self
+
+        def forward(method, path, headers, body):
+            conn = http.client.HTTPConnection("127.0.0.1", gw.upstream_port, timeout=60)
+            try:
+                conn.request(method, path, body=body, headers=headers)
+                r = conn.getresponse()
+                return r.status, r.getheaders(), r.read()
+            finally:
+                conn.close()
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def _pass(self, method):
+                n = int(self.headers.get("Content-Length", 0) or 0)
+                body = self.rfile.read(n) if n else None
+                headers = {k: v for k, v in self.headers.items()
+                           if k.lower() not in ("connection", "keep-alive")}
+                key = self.headers.get("Idempotency-Key")
+                if method == "POST" and gw.hold_first and key and key not in gw.seen:
+                    gw.seen.add(key)
+                    gw._held.append((key, method, self.path, headers, body))
+                    page = b"<html><body><h1>502 Bad Gateway</h1></body></html>"
+                    self.send_response(502)
+                    self.send_header("Content-Type", "text/html")
+                    self.send_header("Content-Length", str(len(page)))
+                    self.end_headers()
+                    self.wfile.write(page)
+                    return
+                status, rheaders, data = forward(method, self.path, headers, body)
+                gw.forwarded.append((method, self.path, key, status))
+                self.send_response(status)
+                for name, value in rheaders:
+                    if name.lower() not in ("connection", "keep-alive",
+                                            "transfer-encoding", "content-length",
+                                            "date", "server"):
+                        self.send_header(name, value)
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def do_POST(self):
+                self._pass("POST")
+
+            def do_GET(self):
+                self._pass("GET")
+
+            def log_message(self, *args):
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", port or 0), Handler)
+        self.server.daemon_threads = True
+        self.port = self.server.server_address[1]
+        self._thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self._thread.start()
+
+    @property
+    def url(self):
+        return f"http://127.0.0.1:{self.port}"
+
+    def held(self):
+        return [h[0] for h in self._held]
+
+    def release(self):
+        """Sends every held request on to the provider, as the gateway's
+        own upstream connection would have: their answers go nowhere."""
+        out = []
+        while self._held:
+            key, method, path, headers, body = self._held.pop(0)
+            import http.client
+            conn = http.client.HTTPConnection("127.0.0.1", self.upstream_port, timeout=60)
+            try:
+                conn.request(method, path, body=body, headers=headers)
+                r = conn.getresponse()
+                r.read()
+                out.append((key, r.status))
+            finally:
+                conn.close()
+        return out
+
+    def stop(self):
+        self.server.shutdown()
+        self.server.server_close()
+
+
 def provider_calls(key, kind="charge"):
     """Requests of a kind ("charge" or "refund") the fake provider answered
     for an Idempotency-Key, refusals included (provider.requests): how
