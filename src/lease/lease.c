@@ -709,15 +709,16 @@ flow_release(struct lease_flow *f)
 	int			ret;
 
 	/*
-	 * Only a 5xx the provider proved it keeps starts a settle window; a
-	 * listing that could not be read leaves the key as it was.
+	 * Only an answer the provider proved it keeps (its table's
+	 * indeterminate rows) starts a settle window; a listing that could
+	 * not be read leaves the key as it was.
 	 */
 	(void)snprintf(settle, sizeof(settle), "%u", provider_settle_seconds);
 	params[0] = a->client_id;
 	params[1] = a->key;
 	params[2] = a->lease_id;
 	params[3] = a->answer->class == PROVIDER_INDETERMINATE &&
-	    a->answer->problem == PROBLEM_OUTCOME_PENDING ? "t" : "f";
+	    a->answer != &provider_answer_unresolved ? "t" : "f";
 	params[4] = NULL;
 	params[5] = NULL;
 	params[6] = settle;

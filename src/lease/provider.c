@@ -101,7 +101,7 @@ static const struct answer_rule	stripe_rules[] = {
 	    PROVIDER_NO_PROBLEM, "2xx with a valid id (ch_..., re_...)" } },
 	/* Kept under the key like any answer: only a listing can tell. */
 	{ MATCH_STATUS, 200, 299, NULL, { PROVIDER_INDETERMINATE,
-	    PROBLEM_PROVIDER_UNAVAILABLE, "2xx without a valid id" } },
+	    PROBLEM_OUTCOME_PENDING, "2xx without a valid id" } },
 	{ MATCH_TYPE, 400, 400, "idempotency_error", { PROVIDER_KEY_CONFLICT,
 	    PROBLEM_PROVIDER_UNAVAILABLE, "idempotency_error: the derived key "
 	    "met other parameters" } },
