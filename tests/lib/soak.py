@@ -22,7 +22,8 @@ balance-limit-exceeded, payment-rejected, refund-rejected); those are the
 *acknowledged* answers, which must agree byte for byte across a key's
 duplicates and retries and with the key's row. A key whose provider
 always fails ("fail", "refund-fail") can never be final: its end is a
-502 of a fresh attempt, and its row stays in_progress with nothing made.
+502 of a fresh attempt (a 503 outcome-pending when the provider keeps
+its 500s), and its row stays in_progress with nothing made.
 """
 
 import collections
@@ -311,7 +312,10 @@ class Soak:
                "IDEM_RECOVERY_AFTER_SECONDS": 2,
                "IDEM_RECOVERY_INTERVAL_SECONDS": 1,
                "IDEM_RECOVERY_BACKOFF_SECONDS": 1,
-               "IDEM_RECOVERY_BACKOFF_MAX_SECONDS": 5}
+               "IDEM_RECOVERY_BACKOFF_MAX_SECONDS": 5,
+               # A kept 500's settle window: short, so that the soak's
+               # retries reach the reconciliation within its time.
+               "IDEM_PROVIDER_SETTLE_SECONDS": 1}
         self.apis = [Api(name="soak-api-a", **env).start(),
                      Api(name="soak-api-b", **env).start()]
         return self
@@ -585,7 +589,11 @@ class Soak:
         while time.monotonic() < deadline:
             api = self.apis[attempt % 2]
             a = self.send(k, api, "settle")
-            if is_final(a) or (k.never and a.status == 502):
+            # A key whose provider always fails ends on a 502, or on a
+            # 503 outcome-pending when the provider keeps its 500s (each
+            # generation's after its settle window).
+            if is_final(a) or (k.never and (a.status, a.kind) in (
+                    (502, "provider-unavailable"), (503, "outcome-pending"))):
                 if is_final(a):
                     self.send(k, self.apis[(attempt + 1) % 2], "settle")
                 return True
