@@ -3,7 +3,7 @@ section) name exactly the environment variables the code reads:
 
 - every variable the service reads (getenv() in src/, the settings
   tables of src/core/settings.c) and every one the scripts read
-  (scripts/*, the Makefile, conf/*: $VAR and ${VAR...} outside comments,
+  (scripts/*, the Makefile, conf/*, deploy/*: $VAR and ${VAR...} outside comments,
   os.environ in Python, env(VAR) in haproxy's file) has a row;
 - every row names a variable something reads: the service, the scripts,
   or the test programs (tests/: the knobs of the test targets);
@@ -106,7 +106,7 @@ def listing(names, where):
 
 
 service = service_reads()
-scripts = references(files("scripts/*", "Makefile", "conf/*"))
+scripts = references(files("scripts/*", "Makefile", "conf/*", "deploy/*"))
 tests = references(files("tests/**/*.py"))
 operations = read(os.path.join("docs", "operations.md"))
 documented = table_names(operations, "Configuration")
