@@ -203,8 +203,12 @@ class Instance:
         self.env.update(IDEM_DATABASE_URL=tcp_db + f" application_name=deploy-{name}",
                         IDEM_PORT=str(self.port), IDEM_PROVIDER_URL=stripe.url,
                         IDEM_PROVIDER_SECRET=STRIPE_SECRET)
+        # make test-sanitize: the sanitizers' runtime and its options.
         if os.environ.get("IDEM_TEST_KORE_PRELOAD"):
             self.env["LD_PRELOAD"] = os.environ["IDEM_TEST_KORE_PRELOAD"]
+            for v in ("ASAN_OPTIONS", "UBSAN_OPTIONS", "LSAN_OPTIONS"):
+                if v in os.environ:
+                    self.env[v] = os.environ[v]
         self.logpath = os.path.join(harness.TMP, f"deploy-{name}.log")
         self.proc = None
 
