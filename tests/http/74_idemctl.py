@@ -68,6 +68,17 @@ listed = idemctl("client", "list")
 t.ok(listed.returncode == 0 and all(any(l.split()[:1] == [c] for l in listed.stdout.splitlines())
                                     for c in (name, "shop-1", "shop-2")),
      "client list names it beside the others", listed.out)
+count = int(sql_value("select count(*) from clients"))
+t.ok(listed.stdout.strip().splitlines()[-1:] == [f"({count} clients)"],
+     "client list counts them", listed.out)
+sql("create schema if not exists idemctl_one; create table idemctl_one.clients as"
+    " select * from public.clients limit 1")
+try:
+    one = idemctl("client", "list", IDEM_DATABASE_URL=DB_URL + " options='-c search_path=idemctl_one'")
+    t.ok(one.stdout.strip().splitlines()[-1:] == ["(1 client)"],
+         "one client is one client, not '1 clients'", one.out)
+finally:
+    sql("drop schema idemctl_one cascade")
 
 # The workers cache the token: twenty requests, each on a connection of
 # its own, spread over them.
@@ -181,6 +192,36 @@ t.ok(any(l.strip().startswith("orders: ") and json.loads(l.split(": ", 1)[1])["o
 t.ok(any(f"key={okey} " in l and "status=201" in l for l in story.stdout.splitlines()),
      "its access-log line", story.out)
 
+
+class Listener:
+    """A port that accepts and counts connections, never answering: the
+    provider's address, to see whether it is asked at all."""
+
+    def __init__(self):
+        self.sock = socket.create_server(("127.0.0.1", 0))
+        self.port = self.sock.getsockname()[1]
+        self.accepted = 0
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self):
+        while True:
+            c, _ = self.sock.accept()
+            self.accepted += 1
+            c.close()
+
+
+# A transactional operation never calls the provider: its story does not
+# ask it (an order's key has no charge there, and a provider down or slow
+# must not hold an order's story).
+silent = Listener()
+for kind in ({}, dict(IDEM_PROVIDER_KIND="stripe", IDEM_PROVIDER_SECRET="sk_test_x")):
+    story = idemctl("key", "shop-1", okey, IDEM_PROVIDER_URL=f"http://127.0.0.1:{silent.port}",
+                    **kind)
+    t.ok(story.returncode == 0 and silent.accepted == 0 and
+         "provider: not asked: orders.create is a transactional operation" in story.stdout,
+         f"key of an order ({kind.get('IDEM_PROVIDER_KIND', 'fake')}): the provider is "
+         "not asked, and it says why", story.out)
+
 pkey = new_key("ctl-pay")
 p = post(api.port, "/v1/payments", {"amount": 1200, "currency": "RUB", "recipient": "acc-ctl"},
          key=pkey)
@@ -233,7 +274,7 @@ try:
     sql("insert into idemctl_late_test values ('shop-1', 'k-late', 'ch_late')")
     late = idemctl("late", IDEM_LATE_TABLE="idemctl_late_test")
     t.ok(late.returncode == 0 and '"charge_id": "ch_late"' in late.stdout and
-         "(1 late operations)" in late.stdout, "late lists the table's rows", late.out)
+         "(1 late operation)" in late.stdout, "late lists the table's rows", late.out)
 finally:
     sql("drop table idemctl_late_test")
 
