@@ -740,9 +740,7 @@ flow_release(struct lease_flow *f)
 	 */
 	if (f->req != NULL && db_call_rows(f->db) == 1 &&
 	    strcmp(db_call_field(f->db, "released"), "t")) {
-		metrics_count(COUNTER_LEASE_FENCED, 1);
-		kore_log(LOG_NOTICE, "lease %s of %s:%s was taken over; not "
-		    "released", a->lease_id, a->client_id, a->key);
+		/* Counted and logged as fenced by lease_respond_fenced(). */
 		flow_db_reset(f);
 		f->state = LEASE_NOW;
 		return (LEASE_NEXT);
