@@ -179,7 +179,29 @@ comment on function provider.charge(text, bigint, text, text, int, int,
     'for other parameters, or the refusal asked for (a 500 kept under the '
     'key with p_keeps). Logged in requests.';
 
--- p_prefix: the charges of the key's generations too (K:2, K:3, ...).
+-- Whether p_candidate is p_key or one of its generations, as the lease
+-- strategy derives them from the first one (src/lease/lease.c,
+-- provider_key()): K = <head>:<body> (the head up to K's first ':'), its
+-- generation n > 1 <head>~<n>:<body>. Also K:<anything>, which the
+-- previous release sent as K's generations (K:2, K:3, ...): the service
+-- tells those apart itself.
+create or replace function provider.of_generations(p_key text,
+    p_candidate text)
+returns boolean
+language sql immutable as $$
+	select p_candidate = p_key
+	    or left(p_candidate, length(p_key) + 1) = p_key || ':'
+	    or (strpos(p_key, ':') > 0 and strpos(p_candidate, ':') > 0
+		and substr(p_candidate, strpos(p_candidate, ':')) =
+		    substr(p_key, strpos(p_key, ':'))
+		and left(p_candidate, strpos(p_key, ':')) =
+		    left(p_key, strpos(p_key, ':') - 1) || '~'
+		and substr(p_candidate, strpos(p_key, ':') + 1,
+		    strpos(p_candidate, ':') - strpos(p_key, ':') - 1)
+		    ~ '^[1-9][0-9]*$');
+$$;
+
+-- p_prefix: the charges of the key's generations too (provider.of_generations).
 create or replace function provider.charges_of(p_key text,
     p_prefix boolean default false)
 returns text
@@ -192,8 +214,8 @@ language sql stable as $$
 	    order by c.created_at), '') || ']}'
 	  from provider.charges c
 	 where c.idempotency_key = p_key
-	    or (p_prefix and left(c.idempotency_key, length(p_key) + 1) =
-		p_key || ':');
+	    or (p_prefix and provider.of_generations(p_key,
+		c.idempotency_key));
 $$;
 
 comment on function provider.charges_of(text, boolean) is
@@ -327,8 +349,8 @@ language sql stable as $$
 	  from (select refund_id, idempotency_key, charge_id, amount, created_at
 		  from provider.refunds
 		 where idempotency_key = p_key
-		    or (p_prefix and left(idempotency_key, length(p_key) + 1) =
-			p_key || ':')) r;
+		    or (p_prefix and provider.of_generations(p_key,
+			idempotency_key))) r;
 $$;
 
 comment on function provider.refunds_of(text, boolean) is

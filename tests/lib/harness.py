@@ -921,6 +921,17 @@ class StubProvider:
         self.server.server_close()
 
 
+def derived_key(key, generation=1, client="shop-1", key_max=0):
+    """The provider's Idempotency-Key of a generation of a client's key, as
+    src/lease/lease.c's provider_key() derives it (key_max: the provider's
+    longest key, 255 for Stripe, 0 for none)."""
+    import hashlib
+    tag = f"~{generation}" if generation > 1 else ""
+    if key_max == 0 or len(client) + 1 + len(key) + 11 <= key_max:
+        return f"{client}{tag}:{key}"
+    return f"{client}~sha256{tag}:{hashlib.sha256(key.encode()).hexdigest()}"
+
+
 def provider_calls(key, kind="charge"):
     """Requests of a kind ("charge" or "refund") the fake provider answered
     for an Idempotency-Key, refusals included (provider.requests): how
