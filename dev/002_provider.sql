@@ -182,15 +182,16 @@ comment on function provider.charge(text, bigint, text, text, int, int,
 -- Whether p_candidate is p_key or one of its generations, as the lease
 -- strategy derives them from the first one (src/lease/lease.c,
 -- provider_key()): K = <head>:<body> (the head up to K's first ':'), its
--- generation n > 1 <head>~<n>:<body>. Also K:<anything>, which the
--- previous release sent as K's generations (K:2, K:3, ...): the service
--- tells those apart itself.
+-- generation n > 1 <head>~<n>:<body>. Also K:<n>, which the previous
+-- release sent as K's generations (K:2, K:3, ...) and which the client
+-- key "K:<n>" derives too: the service tells those apart itself.
 create or replace function provider.of_generations(p_key text,
     p_candidate text)
 returns boolean
 language sql immutable as $$
 	select p_candidate = p_key
-	    or left(p_candidate, length(p_key) + 1) = p_key || ':'
+	    or (left(p_candidate, length(p_key) + 1) = p_key || ':'
+		and substr(p_candidate, length(p_key) + 2) ~ '^[1-9][0-9]*$')
 	    or (strpos(p_key, ':') > 0 and strpos(p_candidate, ':') > 0
 		and substr(p_candidate, strpos(p_candidate, ':')) =
 		    substr(p_key, strpos(p_key, ':'))
