@@ -17,9 +17,9 @@
  * is asked whether an operation of the key exists, matched on the derived
  * key it was sent as metadata; if one does, it is the outcome (settle); if
  * none does, the key moves to the next generation of its derived key
- * (<client>:<key>:<n>) under the lease, and that is sent. What each
- * provider answer does is its provider's table (provider.c). No database
- * connection or transaction is held during a provider call.
+ * (<client>~<n>:<key>, provider_key()) under the lease, and that is sent.
+ * What each provider answer does is its provider's table (provider.c). No
+ * database connection or transaction is held during a provider call.
  */
 
 #include <sys/types.h>
