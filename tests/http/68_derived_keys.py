@@ -15,12 +15,15 @@ mock:
   part holds on the previous release too);
 - "generation": K at its second generation and the key "K:2", in both
   orders, with the same body and with different ones: two payments, two
-  charges, each 201 naming its own.
+  charges, each 201 naming its own;
+- "upgrade": a charge of K's second generation sent by an instance of
+  1.0.0 (shop-1:K:2 with metadata[key_generation] 2) is K's at Stripe.
 
 The settle window is set to 0 (IDEM_PROVIDER_SETTLE_SECONDS) so that a kept
 500 may be reconciled at once. IDEM_TEST_SCENARIO=name runs one part."""
 
 import hashlib
+import json
 import os
 import random
 import sys
@@ -180,6 +183,32 @@ if scenario("generation"):
         two_payments(f"{base}:2", other, base, second, stripe_charges(f"{base}:2"),
                      stripe_charges(base, 2), f"Stripe, K:2 and K at generation 2, {what}")
         t.eq(generation(base), "2", "K's charge is its second generation's")
+
+if scenario("upgrade"):
+    # A charge of K's second generation that an instance of 1.0.0 sent as
+    # shop-1:K:2 (metadata[key_generation] 2) during a rolling upgrade is
+    # found by K's reconciliation: 201 with it, no third generation. The
+    # client key "K:2" (generation 1) never is (the "generation" part).
+    import http.client
+    import urllib.parse
+    base = new_key("dk")
+    source = chain("tok_500", "tok_500", "tok_visa")
+    seen = [stripe.post("/v1/payments", stripe_payment(source), key=base) for _ in range(2)]
+    conn = http.client.HTTPConnection("127.0.0.1", mock.port, timeout=60)
+    conn.request("POST", "/v1/charges", body=urllib.parse.urlencode({
+        "amount": 10000, "currency": "rub", "source": "tok_visa",
+        "metadata[idempotency_key]": f"shop-1:{base}:2", "metadata[key_generation]": "2",
+        "metadata[client_id]": "shop-1", "metadata[recipient]": "acc-1"}),
+        headers={"Authorization": f"Bearer {STRIPE_SECRET}",
+                 "Content-Type": "application/x-www-form-urlencoded"})
+    old = json.loads(conn.getresponse().read())["id"]
+    conn.close()
+    found = stripe.post("/v1/payments", stripe_payment(source), key=base)
+    t.ok([r.status for r in seen] == [502, 502] and found.status == 201 and
+         charge_id(found) == old and generation(base) == "2" and
+         not stripe_charges(base, 3),
+         "Stripe: 1.0.0's form of generation 2 (shop-1:K:2, key_generation 2) is K's: "
+         "201 with its charge, nothing sent again", (seen, found))
 
 fake.stop()
 stripe.stop()
