@@ -179,7 +179,19 @@ comment on function provider.charge(text, bigint, text, text, int, int,
     'for other parameters, or the refusal asked for (a 500 kept under the '
     'key with p_keeps). Logged in requests.';
 
--- p_prefix: the charges of the key's generations too (K:2, K:3, ...).
+-- Whether p_candidate is p_key or one of its generations, as the lease
+-- strategy derives them from the first one (src/lease/lease.c,
+-- provider_key()): K, then K:2, K:3, ...
+create or replace function provider.of_generations(p_key text,
+    p_candidate text)
+returns boolean
+language sql immutable as $$
+	select p_candidate = p_key
+	    or (left(p_candidate, length(p_key) + 1) = p_key || ':'
+		and substr(p_candidate, length(p_key) + 2) ~ '^[1-9][0-9]*$');
+$$;
+
+-- p_prefix: the charges of the key's generations too (provider.of_generations).
 create or replace function provider.charges_of(p_key text,
     p_prefix boolean default false)
 returns text
@@ -192,8 +204,8 @@ language sql stable as $$
 	    order by c.created_at), '') || ']}'
 	  from provider.charges c
 	 where c.idempotency_key = p_key
-	    or (p_prefix and left(c.idempotency_key, length(p_key) + 1) =
-		p_key || ':');
+	    or (p_prefix and provider.of_generations(p_key,
+		c.idempotency_key));
 $$;
 
 comment on function provider.charges_of(text, boolean) is
@@ -327,8 +339,8 @@ language sql stable as $$
 	  from (select refund_id, idempotency_key, charge_id, amount, created_at
 		  from provider.refunds
 		 where idempotency_key = p_key
-		    or (p_prefix and left(idempotency_key, length(p_key) + 1) =
-			p_key || ':')) r;
+		    or (p_prefix and provider.of_generations(p_key,
+			idempotency_key))) r;
 $$;
 
 comment on function provider.refunds_of(text, boolean) is

@@ -117,6 +117,7 @@ declare
 	v_status	int;
 	v_response	text;
 	v_retry		int;
+	v_base		text;
 begin
 	-- A retry that can be answered from the row is answered without the
 	-- upsert below, which would lock the row (and serialise replays).
@@ -132,6 +133,32 @@ begin
 	 where o.operation = p_operation and o.strategy = 'lease';
 	if not found then
 		raise exception 'no lease operation %', p_operation;
+	end if;
+
+	-- A new key "K:<n>" derives the provider key of generation n of the
+	-- key K (<client>:K:<n>, src/lease/lease.c, provider_key()): refused
+	-- once K has reached that generation, so that no two keys share a
+	-- provider key. Under the lock lease_generation() takes for K.
+	if p_key ~ ':[1-9][0-9]{0,8}$' then
+		v_base := regexp_replace(p_key, ':[0-9]+$', '');
+		perform pg_advisory_xact_lock(hashtextextended(p_client || ':' ||
+		    v_base, 0));
+		if not exists (select 1 from idempotency_keys k
+			 where k.client_id = p_client and k.idem_key = p_key)
+		   and exists (select 1 from idempotency_keys b
+			 where b.client_id = p_client and b.idem_key = v_base
+			   and b.provider_generation >=
+			       substring(p_key from ':([0-9]+)$')::int
+			   and b.operation in (select o.operation
+				 from idem_operations o
+				where o.strategy = 'lease')) then
+			return query select 'collides'::text, null::bigint,
+			    null::int, null::text, null::int, null::jsonb,
+			    null::int, null::boolean, null::double precision,
+			    null::double precision, null::bigint, null::boolean,
+			    false, null::double precision;
+			return;
+		end if;
 	end if;
 
 	insert into idempotency_keys as k (client_id, idem_key, operation,
@@ -306,9 +333,24 @@ create or replace function lease_generation(p_client text, p_key text,
     p_lease bigint, p_generation int, p_lease_seconds int, p_call_ms int,
     p_stale_seconds int)
 returns int
-language sql as $$
+language plpgsql as $$
+declare
+	v_next	int := p_generation + 1;
+	v_gen	int;
+begin
+	-- A generation n whose provider key <client>:<key>:<n> is already the
+	-- client key "<key>:<n>"'s generation 1 is passed over (see
+	-- lease_reserve()), under the same lock.
+	perform pg_advisory_xact_lock(hashtextextended(p_client || ':' ||
+	    p_key, 0));
+	while exists (select 1 from idempotency_keys o
+		 where o.client_id = p_client
+		   and o.idem_key = p_key || ':' || v_next) loop
+		v_next := v_next + 1;
+	end loop;
+
 	update idempotency_keys k
-	   set provider_generation = k.provider_generation + 1,
+	   set provider_generation = v_next,
 	       indeterminate = false,
 	       settle_until = null,
 	       generation_at = now(),
@@ -320,7 +362,10 @@ language sql as $$
 	   and (k.indeterminate or p_stale_seconds is not null and
 		coalesce(k.generation_at, k.created_at) <=
 		now() - make_interval(secs => p_stale_seconds))
-	returning k.provider_generation;
+	returning k.provider_generation into v_gen;
+
+	return v_gen;
+end;
 $$;
 
 comment on function lease_generation(text, text, bigint, int, int, int,
@@ -328,7 +373,9 @@ comment on function lease_generation(text, text, bigint, int, int, int,
     'Lease strategy, after a reconciliation found nothing: moves the key to '
     'the next generation of its provider key, under the lease, from an '
     'indeterminate generation or one past the provider''s key retention '
-    '(p_stale_seconds), with a new lease and call deadline. Null if fenced.';
+    '(p_stale_seconds), with a new lease and call deadline; a generation '
+    'whose provider key is another client key''s is passed over. Null if '
+    'fenced.';
 
 -- What a key holds now, for an attempt that lost it (fenced) on any path:
 -- one row, the key's status, its saved answer when done, 'gone' when the

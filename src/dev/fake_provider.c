@@ -506,7 +506,8 @@ post_respond_created(struct http_request *req, struct provider_request *p)
 
 /*
  * GET ?idempotency_key=K: every charge or refund made under K; with
- * &prefix=1 under its generations K:2, K:3, ... too.
+ * &prefix=1 under its generations too, as the lease strategy derives them
+ * (provider.of_generations() in dev/002_provider.sql).
  */
 static int
 list(struct http_request *req)

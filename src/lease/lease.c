@@ -17,9 +17,9 @@
  * is asked whether an operation of the key exists, matched on the derived
  * key it was sent as metadata; if one does, it is the outcome (settle); if
  * none does, the key moves to the next generation of its derived key
- * (<client>:<key>:<n>) under the lease, and that is sent. What each
- * provider answer does is its provider's table (provider.c). No database
- * connection or transaction is held during a provider call.
+ * (<client>~<n>:<key>, provider_key()) under the lease, and that is sent.
+ * What each provider answer does is its provider's table (provider.c). No
+ * database connection or transaction is held during a provider call.
  */
 
 #include <sys/types.h>
@@ -29,6 +29,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include <kore/kore.h>
 #include <kore/http.h>
@@ -67,7 +68,18 @@
 	"SELECT outcome, status_code, response, status FROM lease_now($1, "	\
 	"$2)"
 
-/* A reconciliation reads at most this many pages of 100 of a list. */
+#define LEASE_CURSOR_SQL						\
+	"SELECT after, window_end FROM lease_reconcile_cursor($1, $2, "	\
+	"$3::bigint, $4::int)"
+
+#define LEASE_CURSOR_SAVE_SQL						\
+	"SELECT lease_reconcile_save($1, $2, $3::bigint, $4::int, $5, "	\
+	"$6::bigint) AS saved"
+
+/*
+ * A reconciliation reads at most this many pages of 100 of a list per
+ * attempt; the next attempt goes on from where it stopped.
+ */
 #define RECONCILE_PAGES_MAX	100
 
 /*
@@ -105,9 +117,12 @@ static int	flow_query(struct lease_flow *, const char *, int,
 		    const char **);
 static void	flow_db_reset(struct lease_flow *);
 static int	listed(struct lease_flow *);
+static int	reconcile_stop(struct lease_flow *, int);
 static void	list_path(struct kore_buf *, struct lease_flow *);
 static int	generation_of(const struct lease_attempt *, const char *,
 		    size_t, struct json_value *);
+static int	generation_parse(const char *, size_t, u_int64_t *);
+static int	key_fits(const struct lease_attempt *);
 
 static int	lease_flow_step(struct http_request *);
 static int	lease_respond(struct http_request *);
@@ -477,12 +492,82 @@ flow_decide(struct lease_flow *f)
  * one that succeeded is the outcome; one still pending is a 409; none
  * moves the key to its next generation. A list that cannot be read leaves
  * the key as it is (released, still to reconcile): never a guess.
+ *
+ * An attempt reads at most RECONCILE_PAGES_MAX pages, and none past its
+ * lease. Where it stops paging, the cursor (the last item of the last
+ * page read) and the window it read are kept in the key's row
+ * (lease_reconcile_save(), fenced by the lease), and the next attempt of
+ * the same generation reads them first (lease_reconcile_cursor()) and
+ * goes on from there with the same window, instead of page 1: on a busy
+ * account every attempt reads further, and the reconciliation ends. The
+ * pages before the cursor need no second reading: what is listed there
+ * has been read, and what the provider makes later is newer (listed
+ * before page 1, outside the window) or is no longer this key's, which
+ * the settle window is for. A reconciliation that finds none clears the
+ * cursor before the generation moves; lease_reconcile_cursor() answers
+ * only the cursor of the key's generation.
  */
 static int
 flow_reconcile(struct lease_flow *f)
 {
 	struct lease_attempt	*a = &f->attempt;
 	struct kore_buf		path;
+	const char		*params[6], *after;
+	char			gen[16], end[32];
+	int			ret;
+
+	(void)snprintf(gen, sizeof(gen), "%u", a->generation);
+	params[0] = a->client_id;
+	params[1] = a->key;
+	params[2] = a->lease_id;
+	params[3] = gen;
+
+	/* Stopped: the cursor saved (or cleared), then where it goes. */
+	if (f->cursor_then != 0) {
+		(void)snprintf(end, sizeof(end), "%lld",
+		    (long long)f->window_end);
+		params[4] = f->after[0] != '\0' ? f->after : NULL;
+		params[5] = end;
+		if ((ret = flow_query(f, LEASE_CURSOR_SAVE_SQL, 6, params)) !=
+		    LEASE_NEXT)
+			return (ret);
+		flow_db_reset(f);
+		f->state = f->cursor_then;
+		f->cursor_then = 0;
+		f->cursor_read = 0;
+		f->cursor_kept = 0;
+		f->after[0] = '\0';
+		return (LEASE_NEXT);
+	}
+
+	/* The first page: where an earlier attempt stopped, if one did. */
+	if (!f->cursor_read) {
+		if ((ret = flow_query(f, LEASE_CURSOR_SQL, 4, params)) !=
+		    LEASE_NEXT)
+			return (ret);
+		/* Up to the last indeterminate answer, or to now. */
+		f->window_end = (f->reconcile_until > 0 ? f->reconcile_until :
+		    (int64_t)time(NULL)) + RECONCILE_CLOCK_SLACK;
+		f->after[0] = '\0';
+		if (db_call_rows(f->db) == 1 && !db_call_null(f->db, 0)) {
+			after = db_call_field(f->db, "after");
+			if (strlen(after) < sizeof(f->after) &&
+			    !db_call_null(f->db, 1)) {
+				(void)kore_strlcpy(f->after, after,
+				    sizeof(f->after));
+				f->window_end = (int64_t)strtod(db_call_field(
+				    f->db, "window_end"), NULL);
+				f->cursor_kept = 1;
+				kore_log(LOG_NOTICE, "reconciling %s:%s "
+				    "(generation %u) from where an earlier "
+				    "attempt stopped, after %s", a->client_id,
+				    a->key, a->generation, f->after);
+			}
+		}
+		flow_db_reset(f);
+		f->cursor_read = 1;
+		f->pages = 0;
+	}
 
 	/*
 	 * A page is asked for only while a whole provider call still fits
@@ -491,16 +576,14 @@ flow_reconcile(struct lease_flow *f)
 	if (!a->calling && kore_time_ms() +
 	    settings.provider_timeout_ms >= f->lease_ends) {
 		kore_log(LOG_ERR, "could not reconcile %s:%s (generation %u) "
-		    "within its lease (%d pages read)", a->client_id, a->key,
-		    a->generation, f->pages);
+		    "within its lease (%d pages read)%s%s", a->client_id,
+		    a->key, a->generation, f->pages, f->after[0] != '\0' ?
+		    "; the next attempt goes on after " : "", f->after);
 		a->answer = &provider_answer_unresolved;
 		(void)snprintf(a->pcall.detail, sizeof(a->pcall.detail),
 		    "the payment provider could not be asked in time whether "
 		    "this %s was made", a->call->noun);
-		f->state = LEASE_RELEASE;
-		f->pages = 0;
-		f->after[0] = '\0';
-		return (LEASE_NEXT);
+		return (reconcile_stop(f, LEASE_RELEASE));
 	}
 
 	if (!a->calling) {
@@ -515,52 +598,71 @@ flow_reconcile(struct lease_flow *f)
 	if (!a->pcall.done)
 		return (LEASE_WAIT);
 
-	switch (listed(f)) {
+	ret = listed(f);
+	lease_attempt_cleanup(a);
+
+	switch (ret) {
 	case LISTED_FOUND:
 		kore_log(LOG_NOTICE, "reconciled %s:%s: the provider has %s "
 		    "under generation %u", a->client_id, a->key, a->pcall.id,
 		    a->generation);
 		a->answer = &provider_answer_reconciled;
-		f->state = LEASE_SETTLE;
-		break;
+		return (reconcile_stop(f, LEASE_SETTLE));
 	case LISTED_PENDING:
 		a->answer = &provider_answer_pending;
 		(void)snprintf(a->pcall.detail, sizeof(a->pcall.detail),
 		    "the provider is still processing this %s", a->call->noun);
 		a->pcall.retry_after = 1;
-		f->state = LEASE_RELEASE;
-		break;
+		return (reconcile_stop(f, LEASE_RELEASE));
 	case LISTED_MORE:
-		if (++f->pages < RECONCILE_PAGES_MAX) {
-			lease_attempt_cleanup(a);
+		if (++f->pages < RECONCILE_PAGES_MAX)
 			return (LEASE_NEXT);
-		}
 		/* FALLTHROUGH */
 	case LISTED_FAILED:
 		kore_log(LOG_ERR, "could not reconcile %s:%s (generation %u): "
-		    "%s", a->client_id, a->key, a->generation,
-		    f->pages >= RECONCILE_PAGES_MAX ? "too many pages" :
-		    a->pcall.log);
+		    "%s (%d pages read)%s%s", a->client_id, a->key,
+		    a->generation, f->pages >= RECONCILE_PAGES_MAX ?
+		    "too many pages for one attempt" : a->pcall.log, f->pages,
+		    f->after[0] != '\0' ? "; the next attempt goes on after " :
+		    "", f->after);
 		a->answer = &provider_answer_unresolved;
 		(void)snprintf(a->pcall.detail, sizeof(a->pcall.detail),
 		    "the payment provider could not be asked whether this %s "
 		    "was made", a->call->noun);
-		f->state = LEASE_RELEASE;
-		break;
+		return (reconcile_stop(f, LEASE_RELEASE));
 	default:
 		kore_log(LOG_NOTICE, "reconciled %s:%s: no %s under "
 		    "generations 1 to %u (%s); the next is %u", a->client_id,
 		    a->key, a->call->noun, a->generation, f->reconcile ?
 		    "after its settle window" : "past the provider's key "
 		    "retention", a->generation + 1);
-		f->state = LEASE_GENERATION;
-		break;
+		/* The cursor of this generation is of no use to the next. */
+		f->after[0] = '\0';
+		return (reconcile_stop(f, LEASE_GENERATION));
+	}
+}
+
+/*
+ * A reconciliation ends for this attempt and goes to state: through the
+ * saving of its cursor when it stops with one (a release), or the
+ * clearing of the one it was given (the next generation).
+ */
+static int
+reconcile_stop(struct lease_flow *f, int state)
+{
+	f->pages = 0;
+
+	if ((state == LEASE_RELEASE && f->after[0] != '\0') ||
+	    (state == LEASE_GENERATION && f->cursor_kept)) {
+		/* 0 is LEASE_RESERVE, never a state after this one. */
+		f->cursor_then = state;
+		return (LEASE_NEXT);
 	}
 
-	lease_attempt_cleanup(a);
-	f->pages = 0;
+	f->state = state;
+	f->cursor_read = 0;
+	f->cursor_kept = 0;
 	f->after[0] = '\0';
-
 	return (LEASE_NEXT);
 }
 
@@ -832,12 +934,14 @@ list_path(struct kore_buf *buf, struct lease_flow *f)
 	case LIST_SINCE:
 		kore_buf_appendf(buf, "limit=100&created%%5Bgte%%5D=%lld",
 		    (long long)(f->taken_at - RECONCILE_CLOCK_SLACK));
-		/* Up to the last indeterminate answer: nothing later is ours. */
-		if (f->reconcile_until > 0) {
-			kore_buf_appendf(buf, "&created%%5Blte%%5D=%lld",
-			    (long long)(f->reconcile_until +
-			    RECONCILE_CLOCK_SLACK));
-		}
+		/*
+		 * Up to the last indeterminate answer (nothing later is
+		 * ours), or, with none, to when this reconciliation began:
+		 * a bounded window, the same for every attempt that goes on
+		 * from its cursor (flow_reconcile()).
+		 */
+		kore_buf_appendf(buf, "&created%%5Blte%%5D=%lld",
+		    (long long)f->window_end);
 		break;
 	case LIST_BY_MEMBER:
 		kore_buf_appendf(buf, "limit=100&%s=", op->list_arg);
@@ -861,8 +965,11 @@ list_path(struct kore_buf *buf, struct lease_flow *f)
 /*
  * What a page of the list says of the key: an item sent under one of its
  * generations (its metadata, or the fake's key) that succeeded (FOUND, its
- * id in pcall.id), is still pending, or none (MORE when more pages follow).
- * Items of other keys, and failed ones, are passed over.
+ * id in pcall.id), is still pending, or none (MORE when more pages follow:
+ * f->after is then the id of the page's last item, where the next page
+ * starts). Items of other keys, and failed ones, are passed over. A page
+ * that says more follow without a cursor (its last item has no id, or it
+ * has no item) cannot be gone on from: FAILED, never none.
  */
 static int
 listed(struct lease_flow *f)
@@ -871,6 +978,7 @@ listed(struct lease_flow *f)
 	struct provider_call		*c = &a->pcall;
 	struct json_value		*body, *items, *item, *k, *id, *st, *more;
 	char				err[JSON_ERROR_LEN];
+	char				cursor[PROVIDER_ID_MAX + 1];
 	int				ret, pending;
 
 	c->log[0] = '\0';
@@ -894,11 +1002,17 @@ listed(struct lease_flow *f)
 
 	ret = LISTED_NONE;
 	pending = 0;
+	cursor[0] = '\0';
 	TAILQ_FOREACH(item, &items->children, list) {
+		/* The cursor is the last item's id: none if it has none. */
+		cursor[0] = '\0';
 		id = json_member(item, a->op->id);
 		if (id != NULL && id->type == JSON_STRING && id->len > 0 &&
-		    id->len <= PROVIDER_ID_MAX)
-			(void)kore_strlcpy(f->after, id->str, sizeof(f->after));
+		    id->len <= PROVIDER_ID_MAX &&
+		    idem_id_valid(id->str, id->len)) {
+			memcpy(cursor, id->str, id->len);
+			cursor[id->len] = '\0';
+		}
 
 		k = provider_path(item, provider->item_key);
 		if (k == NULL || k->type != JSON_STRING ||
@@ -931,9 +1045,20 @@ listed(struct lease_flow *f)
 
 	if (ret == LISTED_NONE && provider->has_more != NULL) {
 		more = json_member(body, provider->has_more);
-		if (more != NULL && more->type == JSON_TRUE &&
-		    f->after[0] != '\0')
-			ret = LISTED_MORE;
+		if (more != NULL && more->type == JSON_TRUE) {
+			if (TAILQ_EMPTY(&items->children) ||
+			    cursor[0] == '\0') {
+				(void)snprintf(c->log, sizeof(c->log),
+				    "listing %.32s: %s true, and no id on the "
+				    "page's last item to go on from",
+				    a->op->path, provider->has_more);
+				ret = LISTED_FAILED;
+			} else {
+				(void)kore_strlcpy(f->after, cursor,
+				    sizeof(f->after));
+				ret = LISTED_MORE;
+			}
+		}
 	}
 
 	json_free(body);
@@ -941,19 +1066,20 @@ listed(struct lease_flow *f)
 }
 
 /*
- * Whether a listed item was sent for this key: its derived key is the one
- * of a generation from 1 to this attempt's (<base>, or <base>:<g>, g > 1
- * without a leading zero); where the provider keeps the generation the
- * item carries (gen), it must say the same. Another key that ends in
- * ":<g>" has the same derived key as a generation g of this one; it was
- * sent with generation 1, which tells them apart.
+ * Whether a listed item was sent for this key: its derived key (s, len)
+ * is the one of a generation from 1 to this attempt's (provider_key()'s
+ * forms, which the previous release sent alike for a key that fits);
+ * where the provider keeps the generation the item carries (gen: Stripe's
+ * metadata[key_generation]), it must say the same, so that the client key
+ * "<key>:<n>", sent as generation 1, is not taken for generation n of
+ * <key>.
  */
 static int
 generation_of(const struct lease_attempt *a, const char *s, size_t len,
     struct json_value *gen)
 {
-	char		base[LEASE_PROVIDER_KEY_MAX];
-	size_t		n, i;
+	char		base[LEASE_PROVIDER_KEY_MAX], num[16];
+	size_t		n;
 	u_int64_t	g;
 
 	provider_key(a, 1, base, sizeof(base));
@@ -961,29 +1087,43 @@ generation_of(const struct lease_attempt *a, const char *s, size_t len,
 	if (len < n || memcmp(s, base, n))
 		return (0);
 
+	/* <base>, or <base>:<n> with n > 1. */
 	g = 1;
-	if (len > n) {
-		if (s[n] != ':' || len == n + 1 || len - n - 1 > 9 ||
-		    s[n + 1] == '0')
-			return (0);
-		g = 0;
-		for (i = n + 1; i < len; i++) {
-			if (s[i] < '0' || s[i] > '9')
-				return (0);
-			g = g * 10 + (u_int64_t)(s[i] - '0');
-		}
-		if (g < 2)
-			return (0);
-	}
+	if (len > n && (s[n] != ':' ||
+	    !generation_parse(s + n + 1, len - n - 1, &g) || g < 2))
+		return (0);
 
 	if (g > a->generation)
 		return (0);
 
+	/*
+	 * Where the provider keeps the generation it was sent, it must say
+	 * the same: the key "K:<n>" sent as generation 1 is not K's n.
+	 */
 	if (provider->item_generation[0] != NULL) {
 		if (gen == NULL || gen->type != JSON_STRING ||
-		    gen->len != (size_t)snprintf(base, sizeof(base), "%llu",
-		    (unsigned long long)g) || memcmp(gen->str, base, gen->len))
+		    gen->len != (size_t)snprintf(num, sizeof(num), "%llu",
+		    (unsigned long long)g) || memcmp(gen->str, num, gen->len))
 			return (0);
+	}
+
+	return (1);
+}
+
+/* A generation as provider_key() writes it: 1 to 10 digits, no leading 0. */
+static int
+generation_parse(const char *s, size_t len, u_int64_t *g)
+{
+	size_t		i;
+
+	if (len == 0 || len > 10 || s[0] == '0')
+		return (0);
+
+	*g = 0;
+	for (i = 0; i < len; i++) {
+		if (s[i] < '0' || s[i] > '9')
+			return (0);
+		*g = *g * 10 + (u_int64_t)(s[i] - '0');
 	}
 
 	return (1);
@@ -1094,6 +1234,17 @@ lease_respond_answered(struct http_request *req)
 		    "response"), strtoull(db_call_field(&r->db, "age_ms"),
 		    NULL, 10), !strcmp(db_call_field(&r->db, "standby"), "t"));
 		return (idem_respond_row(req, 1));
+	}
+
+	/*
+	 * "K:<n>" would reach the provider as generation n of the key K,
+	 * which K has reached: nothing taken (provider_key()).
+	 */
+	if (!strcmp(outcome, "collides")) {
+		return (idem_fail(req, PROBLEM_KEY_REUSED, "Idempotency-Key "
+		    "'%s' would reach the payment provider as a later attempt "
+		    "of another key of yours; nothing was done: send this "
+		    "request with another key", r->key));
 	}
 
 	/* The operation's admit refused it: nothing taken, nothing saved. */
@@ -1226,10 +1377,45 @@ lease_request_free(struct idem_request *r)
 }
 
 /*
+ * Whether a key is sent as itself (1) or as its SHA-256 (0): a key whose
+ * generations could pass the provider's longest key (Stripe: 255) with
+ * <client>:<key> and 11 bytes more. The bound is the previous release's,
+ * so that a key in flight across an upgrade keeps its first generation.
+ */
+static int
+key_fits(const struct lease_attempt *a)
+{
+	return (provider->key_max == 0 || strlen(a->client_id) + 1 +
+	    strlen(a->key) + 11 <= provider->key_max);
+}
+
+/*
  * The provider's Idempotency-Key of a generation: derived from the
  * client's, the same for every attempt of one generation whichever worker
- * or process makes it (<client>:<key>, then <client>:<key>:<n>); or, for
- * the fresh-provider-key demo, a new random one per attempt.
+ * or process makes it; or, for the fresh-provider-key demo, a new random
+ * one per attempt. With <n> a generation in decimal, without a leading
+ * zero, and <hex> the SHA-256 of the key in lower-case hex:
+ *
+ *   <client>:<key>              generation 1 of a key that fits
+ *   <client>:<key>:<n>          generation n > 1 of a key that fits
+ *   <client>~sha256:<hex>       generation 1 of a longer key
+ *   <client>~sha256:<hex>:<n>   generation n > 1 of a longer key
+ *
+ * The first two are the contract's (docs/API.md). A hashed form can never
+ * be a plain one: a client id is ^[A-Za-z0-9._-]+$, so a plain form has
+ * ':' right after the client, a hashed one '~'. Among plain forms, the
+ * key "K:<n>" (generation 1) and generation n of the key "K" spell the same
+ * provider key: the two are never both sent. lease_reserve() refuses a new
+ * key "K:<n>" once K has reached generation n (422), and
+ * lease_generation() passes over a generation n of K while a key "K:<n>"
+ * of the client exists, both under one advisory lock (sql/040). Stripe's
+ * items carry metadata[key_generation], so a listing tells them apart too
+ * (generation_of()); the fake provider keeps no generation, which leaves
+ * one case open there only (a generation passed over, then listed: see
+ * docs/operations.md).
+ *
+ * Lengths: a generation adds 11 bytes at most (the bound in key_fits());
+ * a hashed form is the client and 82 bytes.
  */
 static void
 provider_key(const struct lease_attempt *a, u_int32_t generation, char *out,
@@ -1243,17 +1429,13 @@ provider_key(const struct lease_attempt *a, u_int32_t generation, char *out,
 		gen[0] = '\0';
 		if (generation > 1)
 			(void)snprintf(gen, sizeof(gen), ":%u", generation);
-		(void)snprintf(out, len, "%s:%s%s", a->client_id, a->key, gen);
-		/*
-		 * A key whose generations could pass the provider's longest
-		 * key (Stripe: 255; ":<n>" takes 11 at most) is sent as its
-		 * SHA-256 in every generation, so that they share one base.
-		 */
-		if (provider->key_max > 0 && strlen(a->client_id) + 1 +
-		    strlen(a->key) + 11 > provider->key_max) {
+		if (key_fits(a)) {
+			(void)snprintf(out, len, "%s:%s%s", a->client_id,
+			    a->key, gen);
+		} else {
 			sha256_hex(a->key, strlen(a->key), sha);
-			(void)snprintf(out, len, "%s:sha256-%s%s", a->client_id,
-			    sha, gen);
+			(void)snprintf(out, len, "%s~sha256:%s%s",
+			    a->client_id, sha, gen);
 		}
 		return;
 	}

@@ -106,9 +106,18 @@ struct lease_flow {
 	/* Its generation is past the provider's key retention: listed. */
 	int				stale;
 
-	/* A reconciliation: the page, where the next one starts. */
+	/*
+	 * A reconciliation: the pages this attempt read, where the next one
+	 * starts (kept in the key's row when an attempt stops paging,
+	 * reconcile_cursor), the end of its window (epoch seconds), and its
+	 * steps of the database: the cursor read, saved or cleared.
+	 */
 	int				pages;
 	char				after[PROVIDER_ID_MAX + 1];
+	int64_t				window_end;
+	int				cursor_read;
+	int				cursor_kept;
+	int				cursor_then;
 
 	/* What a request's reserve sends. */
 	const char			*fingerprint;

@@ -33,7 +33,7 @@
 
 /* How the provider is asked whether an operation of a key exists. */
 #define LIST_BY_KEY		1	/* ?idempotency_key=K&prefix=1 */
-#define LIST_SINCE		2	/* ?limit=100&created[gte]=T, paged */
+#define LIST_SINCE		2	/* ?limit=100&created[gte]=T&created[lte]=U */
 #define LIST_BY_MEMBER		3	/* ?limit=100&<arg>=<member>, paged */
 
 struct provider_param {
@@ -92,8 +92,9 @@ struct provider {
 	const char			*decline_code[PROVIDER_PATH_MAX];
 
 	/*
-	 * The longest Idempotency-Key it takes (0: no limit); a longer
-	 * derived key is sent as <client>:sha256-<the key's SHA-256>.
+	 * The longest Idempotency-Key it takes (0: no limit); a key whose
+	 * derived keys could be longer is sent as <client>~sha256:<the
+	 * key's SHA-256> (lease.c, provider_key()).
 	 */
 	size_t				key_max;
 

@@ -1026,6 +1026,18 @@ class Gateway:
         self.server.server_close()
 
 
+def derived_key(key, generation=1, client="shop-1", key_max=0):
+    """The provider's Idempotency-Key of a generation of a client's key, as
+    src/lease/lease.c's provider_key() derives it (key_max: the provider's
+    longest key, 255 for Stripe, 0 for none): <client>:<key>[:<n>], or
+    <client>~sha256:<hex>[:<n>] for a key too long."""
+    import hashlib
+    tag = f":{generation}" if generation > 1 else ""
+    if key_max == 0 or len(client) + 1 + len(key) + 11 <= key_max:
+        return f"{client}:{key}{tag}"
+    return f"{client}~sha256:{hashlib.sha256(key.encode()).hexdigest()}{tag}"
+
+
 def provider_calls(key, kind="charge"):
     """Requests of a kind ("charge" or "refund") the fake provider answered
     for an Idempotency-Key, refusals included (provider.requests): how

@@ -60,6 +60,14 @@ FAULTS = ("worker_kill9", "api_kill9_restart", "api_reload", "provider_down",
 OTHER_FAULTS = FAULTS[1:]
 
 
+def derived_base(derived):
+    """The derived key of generation 1 of a provider key of any generation
+    (src/lease/lease.c, provider_key(): <client>~<n>:<key> is generation n
+    of <client>:<key>; the soak's keys are never hashed)."""
+    head, _, rest = derived.partition(":")
+    return f"{head.split('~', 1)[0]}:{rest}"
+
+
 class Config:
     """The soak's size and settings. With from_env the environment
     overrides them (SOAK_KEYS, SOAK_SECONDS, SOAK_GROUPS,
@@ -697,12 +705,12 @@ class Soak:
         if self.cfg.provider == "stripe":
             charges, prefunds = self.stripe_books()
         else:
-            charges = {ch: (k, amount) for k, ch, amount in rows(
-                "select idempotency_key, charge_id, amount from provider.charges"
-                f" where idempotency_key like {'shop-_:soak-' + self.run + '-%'!r}")}
-            prefunds = {r: (k, amount) for k, r, amount in rows(
-                "select idempotency_key, refund_id, amount from provider.refunds"
-                f" where idempotency_key like {'shop-_:soak-' + self.run + '-%'!r}")}
+            mine = (f" where idempotency_key like {'shop-_:soak-' + self.run + '-%'!r}"
+                    f" or idempotency_key like {'shop-_~%:soak-' + self.run + '-%'!r}")
+            charges = {ch: (derived_base(k), amount) for k, ch, amount in rows(
+                "select idempotency_key, charge_id, amount from provider.charges" + mine)}
+            prefunds = {r: (derived_base(k), amount) for k, r, amount in rows(
+                "select idempotency_key, refund_id, amount from provider.refunds" + mine)}
         charge_count = collections.Counter(k for k, _ in charges.values())
         refund_count = collections.Counter(k for k, _ in prefunds.values())
 
@@ -865,13 +873,12 @@ class Soak:
     def stripe_books(self):
         """The mock's succeeded charges and its refunds of this run, by id:
         (the client's derived key of generation 1, amount). A key of a
-        later generation (<client>:<key>:<n>) counts for its key."""
+        later generation (<client>~<n>:<key>) counts for its key."""
         prefix = f"soak-{self.run}-"
 
         def base(derived):
-            client, _, rest = derived.partition(":")
-            key = rest.rsplit(":", 1)[0] if rest.count(":") else rest
-            return f"{client}:{key}" if key.startswith(prefix) else None
+            k = derived_base(derived)
+            return k if k.partition(":")[2].startswith(prefix) else None
 
         charges, refunds = {}, {}
         for c in self.provider._all("charges"):

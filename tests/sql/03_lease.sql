@@ -3,7 +3,7 @@
 -- release and the fencing rule; and the fake provider's one charge and one
 -- refund per key, and its 409.
 begin;
-select plan(78);
+select plan(88);
 
 create temporary table r1 as select * from lease_reserve('shop-1', 'p-1',
     'payments.create', repeat('a', 64),
@@ -185,10 +185,35 @@ select ok((select taken_at between extract(epoch from now()) - 60 and
     'with when the key was taken and when the indeterminate answer came');
 select is((select lease_generation('shop-1', 'g-1', 1, 1, 30, 10000)), null::int,
     'the fenced attempt cannot move the generation');
+
+-- The cursor of an unfinished reconciliation (041_reconcile_cursor.sql):
+-- kept under the lease for the key's generation, read by the next attempt.
+select is((select count(*)::int from lease_reconcile_cursor('shop-1', 'g-1', 2, 1)),
+    0, 'no cursor kept: a reconciliation starts at the first page');
+select is(lease_reconcile_save('shop-1', 'g-1', 1, 1, 'ch_1', 1700000000), false,
+    'a fenced attempt keeps no cursor');
+select is(lease_reconcile_save('shop-1', 'g-1', 2, 2, 'ch_1', 1700000000), false,
+    'nor one of a generation the key is not at');
+select is(lease_reconcile_save('shop-1', 'g-1', 2, 1, 'ch_1', 1700000000), true,
+    'the holder keeps where it stopped');
+select results_eq($$select after, window_end from lease_reconcile_cursor('shop-1',
+    'g-1', 2, 1)$$, $$values ('ch_1'::text, 1700000000::double precision)$$,
+    'the next attempt reads it back, with the end of its window');
+select is((select count(*)::int from lease_reconcile_cursor('shop-1', 'g-1', 1, 1)),
+    0, 'a fenced attempt reads none');
+select is(lease_reconcile_save('shop-1', 'g-1', 2, 1, null, 0), true,
+    'a reconciliation that found none clears it');
+select ok((select reconcile_cursor is null and reconcile_cursor_generation is null
+    and reconcile_window_end is null from idempotency_keys where idem_key = 'g-1'),
+    'cursor, generation and window');
+select is(lease_reconcile_save('shop-1', 'g-1', 2, 1, 'ch_2', 1700000000), true,
+    'and keeps one again');
 update idempotency_keys set locked_until = now() + interval '1 second'
  where idem_key = 'g-1';
 select is((select lease_generation('shop-1', 'g-1', 2, 1, 30, 10000)), 2,
     'the holder moves it to generation 2');
+select is((select count(*)::int from lease_reconcile_cursor('shop-1', 'g-1', 2, 2)),
+    0, 'a cursor of generation 1 is never generation 2''s');
 select ok((select locked_until > now() + interval '29 seconds' and
     call_deadline > now() + interval '9 seconds' from idempotency_keys
     where idem_key = 'g-1'), 'with a new lease and call deadline');
