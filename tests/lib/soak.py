@@ -62,10 +62,10 @@ OTHER_FAULTS = FAULTS[1:]
 
 def derived_base(derived):
     """The derived key of generation 1 of a provider key of any generation
-    (src/lease/lease.c, provider_key(): <client>~<n>:<key> is generation n
-    of <client>:<key>; the soak's keys are never hashed)."""
-    head, _, rest = derived.partition(":")
-    return f"{head.split('~', 1)[0]}:{rest}"
+    (src/lease/lease.c, provider_key(): <client>:<key>:<n> is generation n
+    of <client>:<key>; the soak's keys are never hashed and hold no ':')."""
+    client, _, rest = derived.partition(":")
+    return f"{client}:{rest.split(':', 1)[0]}"
 
 
 class Config:
@@ -873,7 +873,7 @@ class Soak:
     def stripe_books(self):
         """The mock's succeeded charges and its refunds of this run, by id:
         (the client's derived key of generation 1, amount). A key of a
-        later generation (<client>~<n>:<key>) counts for its key."""
+        later generation (<client>:<key>:<n>) counts for its key."""
         prefix = f"soak-{self.run}-"
 
         def base(derived):
