@@ -193,10 +193,10 @@ if scenario("reconciled-long-list"):
          (size, seen))
 
 if scenario("colliding-keys"):
-    # The client's key K:2 and K's second generation: the previous release
-    # derived both as shop-1:K:2 (K:2's charge answered to K, or K stuck at
-    # a 502 idempotency_error). Now K's generations are shop-1~<n>:K: two
-    # payments, two charges.
+    # The client's key K:2 and K's second generation derive one provider
+    # key, shop-1:K:2: the previous release answered K:2's charge to K, or
+    # left K stuck at a 502 idempotency_error. Now K passes over that
+    # generation while the key K:2 exists: two payments, two charges.
     base = new_key("st")
     other = api.post("/v1/payments", payment(), key=f"{base}:2")
     source = chain("tok_500", "tok_visa")
@@ -204,14 +204,14 @@ if scenario("colliding-keys"):
     end_window(base)
     second = api.post("/v1/payments", payment(source), key=base)
     t.ok(other.status == 201 and first.status == 503 and second.status == 201 and
-         generation(base) == "2" and
+         generation(base) == "3" and
          other.json()["charge_id"] != second.json()["charge_id"] and
          [c["id"] for c in mock.charges_of(f"shop-1:{base}:2")] ==
          [other.json()["charge_id"]] and
-         [c["id"] for c in mock.charges_of(derived_key(base, 2))] ==
+         [c["id"] for c in mock.charges_of(derived_key(base, 3))] ==
          [second.json()["charge_id"]],
-         "K:2 charged; K's second generation is another provider key: its own charge",
-         (other, first, second))
+         "K:2 charged; K passes over its second generation (K:2's provider key) "
+         "to its third: its own charge", (other, first, second))
 
 if scenario("long-key"):
     # Stripe takes keys of 255 characters at most: a longer derived key is
