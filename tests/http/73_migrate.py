@@ -117,12 +117,27 @@ try:
     with open(os.path.join(changed, SQL[1]), "a") as f:
         f.write("\n-- an edit after the release\n")
     listed = migrate(url, "--dry-run", sql_dir=changed)
-    t.ok(listed.returncode != 0 and f"refused: {SQL[1]} changed" in listed.stderr and
-         "would apply 900_new.sql" in listed.stdout,
-         "--dry-run names the changed file it would refuse, and the new one", listed.out)
+    t.ok(listed.returncode == 2 and f"would refuse: {SQL[1]} changed" in listed.stderr and
+         "would apply nothing" in listed.stdout and "would apply 9" not in listed.stdout and
+         "nothing to apply" not in listed.stdout,
+         "--dry-run says it would refuse the changed file and apply nothing, not even "
+         "the new one (make's status 2)", listed.out)
+    # A changed file alone: not "nothing to apply", as if all were well.
+    alone = sql_copy("changed-alone")
+    with open(os.path.join(alone, SQL[1]), "a") as f:
+        f.write("\n-- an edit after the release\n")
+    direct = subprocess.run([os.path.join(ROOT, "scripts", "migrate"), "--dry-run"],
+                            env=dict(os.environ, IDEM_DATABASE_URL=url,
+                                     IDEM_MIGRATIONS_DIR=alone),
+                            capture_output=True, text=True)
+    t.ok(direct.returncode == 1 and f"would refuse: {SQL[1]} changed" in direct.stderr and
+         "would apply nothing" in direct.stdout and "nothing to apply" not in direct.stdout,
+         "scripts/migrate --dry-run of a changed file alone: would refuse, exit status 1",
+         direct.stdout + direct.stderr)
     refused = migrate(url, sql_dir=changed)
-    t.ok(refused.returncode != 0 and f"refused: {SQL[1]} changed" in refused.stderr,
-         "make migrate refuses a changed applied file, naming it", refused.out)
+    t.ok(refused.returncode == 2 and f"refused: {SQL[1]} changed" in refused.stderr,
+         "make migrate refuses a changed applied file, naming it (make's status 2)",
+         refused.out)
     t.ok(not table_exists(url, "migrate_new") and
          recorded(url)[SQL[1]] == sha(os.path.join(ROOT, "sql", SQL[1])),
          "and applies nothing: not the new file either, the old checksum kept")

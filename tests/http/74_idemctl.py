@@ -10,6 +10,7 @@ import hashlib
 import json
 import os
 import re
+import signal
 import socket
 import subprocess
 import sys
@@ -191,6 +192,39 @@ t.ok(any(l.strip().startswith("orders: ") and json.loads(l.split(": ", 1)[1])["o
      "its business rows: the order it made", story.out)
 t.ok(any(f"key={okey} " in l and "status=201" in l for l in story.stdout.splitlines()),
      "its access-log line", story.out)
+
+# The journal, not a file: journalctl -u 'idem@*' -o cat | idemctl key C K
+# --access-log - (the log's bytes on standard input, as journalctl writes
+# them).
+with open(api.logpath, "rb") as f:
+    journal = f.read()
+piped = subprocess.run([os.path.join(ROOT, "scripts", "idemctl"), "key", "shop-1", okey,
+                        "--access-log", "-"],
+                       env=dict(os.environ, IDEM_DATABASE_URL=DB_URL,
+                                IDEM_PROVIDER_URL=provider.url),
+                       input=journal, capture_output=True, timeout=120)
+out = piped.stdout.decode(errors="replace")
+t.ok(piped.returncode == 0 and "access log (standard input)" in out and
+     any(f"key={okey} " in l and "status=201" in l for l in out.splitlines()),
+     "--access-log - reads the lines from standard input",
+     out + piped.stderr.decode(errors="replace"))
+
+# A reader that stops early (idemctl key ... | head -n 1): the worst
+# timing, its end closed before idemctl writes, ends idemctl by SIGPIPE
+# as any command of a pipeline, without a traceback.
+rfd, wfd = os.pipe()
+os.close(rfd)
+try:
+    cut = subprocess.run([os.path.join(ROOT, "scripts", "idemctl"), "key", "shop-1", okey],
+                         env=dict(os.environ, IDEM_DATABASE_URL=DB_URL,
+                                  IDEM_PROVIDER_URL=provider.url),
+                         stdout=wfd, stderr=subprocess.PIPE, text=True, timeout=120)
+finally:
+    os.close(wfd)
+t.ok(cut.returncode == -signal.SIGPIPE and "Traceback" not in cut.stderr and
+     "BrokenPipeError" not in cut.stderr,
+     "idemctl key | head: a reader gone ends it quietly (SIGPIPE, no traceback)",
+     f"exit {cut.returncode}: {cut.stderr}")
 
 
 class Listener:

@@ -1,0 +1,135 @@
+"""make test itself (scripts/test), run from within a run: IDEM_TESTS
+naming a file that does not exist is refused at once, naming it, before
+anything is built or migrated; a test cluster left on IDEM_TEST_PGPORT
+(by a run killed before its cleanup) is named, its directory and its
+pid, as is a port another program holds; and a run whose reader goes away
+(make test | head) still stops its cluster and deletes its folder."""
+
+import glob
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "lib"))
+from harness import ROOT, TMP, Tap, free_port  # noqa: E402
+
+t = Tap()
+TEST = os.path.join(ROOT, "scripts", "test")
+LIB = os.path.join(ROOT, "scripts", "lib.sh")
+SOME_TEST = "tests/sql/01_schema.sql"
+# A bound on a hang of a whole nested run (a build, a cluster, a
+# migration), far above its need; not a verdict.
+RUN_BOUND = 900
+
+# Programs that record that they ran, first in the PATH: kodev builds,
+# psql migrates, prove runs the tests. A refusal made "at once" runs none.
+fakes = os.path.join(TMP, "make-test-fakes")
+ran = os.path.join(TMP, "make-test-ran")
+os.makedirs(fakes, exist_ok=True)
+for prog in ("kodev", "psql", "prove"):
+    with open(os.path.join(fakes, prog), "w") as f:
+        f.write(f"#!/bin/sh\necho {prog} >> {ran}\nexit 1\n")
+    os.chmod(os.path.join(fakes, prog), 0o755)
+
+
+def nested(port, tests, fake=True):
+    if os.path.exists(ran):
+        os.unlink(ran)
+    env = dict(os.environ, IDEM_TEST_PGPORT=str(port), IDEM_TESTS=tests)
+    if fake:
+        env["PATH"] = fakes + os.pathsep + env["PATH"]
+    return subprocess.run([TEST], cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=RUN_BOUND)
+
+
+def nothing_ran():
+    return not os.path.exists(ran) or open(ran).read() == ""
+
+
+def clusters_on(port):
+    """Test clusters (their postmaster.pid) that say they listen on port,
+    with a live postmaster: (directory, pid)."""
+    out = []
+    for pidfile in glob.glob("/tmp/idem-test.*/pgdata/postmaster.pid"):
+        try:
+            lines = open(pidfile).read().splitlines()
+            pid = int(lines[0])
+            if lines[3] == str(port):
+                os.kill(pid, 0)
+                out.append((lines[1], pid))
+        except (OSError, ValueError, IndexError):
+            pass
+    return out
+
+
+def accepts(port):
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=3).close()
+        return True
+    except OSError:
+        return False
+
+
+def lib(cmd, *args):
+    subprocess.run(["bash", "-c", f'. "{LIB}"; {cmd} "$@"', "lib"] + list(args),
+                   check=True, capture_output=True, text=True, timeout=RUN_BOUND)
+
+
+# --- IDEM_TESTS naming a file that does not exist -------------------------------
+r = nested(free_port(), f"{SOME_TEST} tests/http/99_no_such_test.py")
+t.ok(r.returncode == 2 and "tests/http/99_no_such_test.py, which does not exist" in r.stderr,
+     "IDEM_TESTS naming a missing file: exit 2, naming it", r.stdout + r.stderr)
+t.ok(nothing_ran(), "at once: nothing built, migrated or run",
+     open(ran).read() if os.path.exists(ran) else "")
+
+# --- a test cluster left on the port --------------------------------------------
+stale = tempfile.mkdtemp(prefix="idem-test.", dir="/tmp")
+os.chmod(stale, 0o755)
+port = free_port()
+try:
+    lib("cluster_start", os.path.join(stale, "pgdata"), str(port))
+    [(directory, pid)] = clusters_on(port)
+    r = nested(port, SOME_TEST)
+    t.ok(r.returncode != 0 and f"its directory {directory}" in r.stderr and
+         f"its postmaster pid {pid}" in r.stderr,
+         "a test cluster left on IDEM_TEST_PGPORT is named: its directory and its pid",
+         r.stdout + r.stderr)
+    t.ok(nothing_ran(), "before anything is built",
+         open(ran).read() if os.path.exists(ran) else "")
+finally:
+    lib("cluster_stop", os.path.join(stale, "pgdata"))
+    subprocess.run(["rm", "-rf", stale])
+
+# --- a port another program holds -------------------------------------------------
+holder = socket.create_server(("127.0.0.1", 0))
+r = nested(holder.getsockname()[1], SOME_TEST)
+holder.close()
+t.ok(r.returncode != 0 and "is taken by a program that is no test cluster" in r.stderr and
+     nothing_ran(), "a port another program holds is said, before anything is built",
+     r.stdout + r.stderr)
+
+# --- make test | head ----------------------------------------------------------------
+# The reader takes the first line (the first migration's) and goes: the
+# run's next write fails. Its cleanup must still stop its cluster.
+port = free_port()
+try:
+    cut = subprocess.run(["bash", "-c", f'"{TEST}" | head -n 1'], cwd=ROOT,
+                         env=dict(os.environ, IDEM_TEST_PGPORT=str(port),
+                                  IDEM_TESTS=SOME_TEST),
+                         capture_output=True, text=True, timeout=RUN_BOUND)
+    left = clusters_on(port)
+    t.ok(cut.stdout.startswith("applied ") and not left and not accepts(port),
+         "make test | head: the run's cluster is stopped when it ends",
+         f"left: {left}; out: {cut.stdout!r}; err: {cut.stderr[-2000:]}")
+    t.ok("Traceback" not in cut.stderr and "write error" not in cut.stderr,
+         "and its cleanup writes no error to a reader gone", cut.stderr[-2000:])
+finally:
+    for directory, pid in clusters_on(port):
+        # What scripts/test left before it cleaned up after SIGPIPE.
+        os.kill(pid, signal.SIGQUIT)
+        subprocess.run(["rm", "-rf", os.path.dirname(directory)])
+
+t.done()
