@@ -681,7 +681,8 @@ flow_query(struct lease_flow *f, const char *query, int nparams,
     const char **params)
 {
 	if (!*f->db_active) {
-		if (f->req != NULL)
+		/* A flow whose client left: a request's pool, polled. */
+		if (f->req != NULL || f->handed)
 			db_call_init(f->db, f->req);
 		else
 			db_call_init_job(f->db);
@@ -1102,12 +1103,19 @@ lease_respond_fenced(struct http_request *req)
 	    r->key));
 }
 
+/*
+ * The request is freed, answered or cut off. A flow whose provider call
+ * was sent and whose outcome is not saved yet (its client left) goes on
+ * without it (handoff.c); any other ends here.
+ */
 static void
 lease_request_free(struct idem_request *r)
 {
-	if (r->lease->db != NULL)
-		lease_flow_cleanup(r->lease);
-	kore_free(r->lease);
+	if (!lease_handoff(r->lease)) {
+		if (r->lease->db != NULL)
+			lease_flow_cleanup(r->lease);
+		kore_free(r->lease);
+	}
 	r->lease = NULL;
 }
 

@@ -103,6 +103,9 @@ struct lease_flow {
 
 	/* What a request's reserve sends. */
 	const char			*fingerprint;
+
+	/* Its client left: run on by lease_handoff() (handoff.c). */
+	int				handed;
 };
 
 int	lease_run(struct http_request *);
@@ -113,6 +116,7 @@ void	lease_flow_init(struct lease_flow *, int, struct http_request *,
 int	lease_flow_run(struct lease_flow *);
 void	lease_flow_cleanup(struct lease_flow *);
 const char *lease_state_name(int);
+int	lease_handoff(struct lease_flow *);
 
 void	lease_attempt_init(struct lease_attempt *, const struct lease_call *,
 	    const char *, const char *, const char *, const char *,
