@@ -72,6 +72,8 @@ static const struct number_setting	numbers[] = {
 	{ "IDEM_REPLAY_CACHE_ENTRIES", &settings.replay_cache_entries,
 	    4096, 1, 65536 },
 	{ "IDEM_FAKE_PROVIDER_KEEPS_5XX", &settings.fake_keeps_5xx, 0, 0, 1 },
+	{ "IDEM_LATE_SCAN_AFTER_SECONDS", &settings.late_scan_after_seconds,
+	    3600, 1, 7 * 86400 },
 };
 
 static const struct text_setting	texts[] = {

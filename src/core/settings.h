@@ -31,6 +31,7 @@ struct settings {
 	u_int32_t	replay_cache_seconds;
 	u_int32_t	replay_cache_entries;
 	u_int32_t	fake_keeps_5xx;
+	u_int32_t	late_scan_after_seconds;
 	int		loaded;
 };
 
