@@ -16,11 +16,14 @@ itself can finish it within the test's bound).
   in flight, bound to its request; then the lock is let go;
 - queued: one pooled connection, held by another key's lease_complete()
   on that lock; the client leaves while its own statement waits for the
-  connection (or is about to).
+  connection (or is about to);
+- reload: a SIGHUP while such a flow waits for the provider: the worker
+  reloads once the flow is finished, as for a request in flight.
 IDEM_TEST_SCENARIO=name runs one part."""
 
 import json
 import os
+import signal
 import socket
 import sys
 
@@ -162,6 +165,32 @@ if scenario("queued"):
     a.close()
     t.ok(eventually(lambda: key_row(key_a)["status"] == "done") and payments_of(key_a) == 1,
          "queued: A, whose client stayed until then, is done too")
+    api.stop()
+    provider.stop()
+
+if scenario("reload"):
+    # A reload (SIGHUP) while the flow of a client that left waits for the
+    # provider: the worker holding it reloads only once it is finished.
+    provider = Provider(port=19067, IDEM_PROVIDER_LATENCY_MS=2000).start()
+    api = Api(port=19068, IDEM_PROVIDER_URL=provider.url,
+              conf_extra=["workers 1"], **NO_RECOVERY).start()
+    worker = api.workers()
+    key, recipient = new_key("leaves-reload"), new_key("acc")
+    s = send_and_keep(api, key, recipient)
+    wait_until(lambda: provider_calls(f"shop-1:{key}") == 1,
+               "the provider to have the request", timeout=BOUND)
+    s.close()
+    wait_until(lambda: f"the client of shop-1:{key} left" in api.read_log(),
+               "the worker to take the flow over", timeout=BOUND)
+    os.kill(api.proc.pid, signal.SIGHUP)
+    wait_until(lambda: "work drained; reloading" in api.read_log(),
+               "the worker to reload", timeout=BOUND)
+    log = api.read_log()
+    done_at = log.find(f"shop-1:{key}, whose client left, completed with status 201")
+    t.ok("forced no reloaded" in log and 0 <= done_at < log.find("work drained; reloading"),
+         "reload: the worker waited for the flow, then reloaded", log[-1500:])
+    check_finished(api, provider, key, recipient, "reload")
+    t.eq(api.workers(), worker, "reload: the same worker runs: none died")
     api.stop()
     provider.stop()
 
