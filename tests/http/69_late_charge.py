@@ -17,7 +17,9 @@ under <client>:<key>, listed from then on).
   to reconcile; the retry's listing settles the first and reports the
   second as late, in the same page.
 - idemctl: scripts/idemctl key of such a key marks the late charge and
-  records it (once).
+  records it (once);
+- settle: an attempt whose call succeeds after the key was finished with
+  another charge: its settle is fenced, its charge recorded as late.
 IDEM_TEST_SCENARIO=name runs one part."""
 
 import os
@@ -26,8 +28,8 @@ import subprocess
 import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "lib"))
-from harness import (DB_URL, ROOT, Api, Provider, Tap, key_row, metric,  # noqa: E402
-                     new_key, quote, sql, sql_value, wait_until)
+from harness import (DB_URL, ROOT, Api, Background, Provider, Tap, key_row,  # noqa: E402
+                     metric, new_key, provider_calls, quote, sql, sql_value, wait_until)
 
 t = Tap()
 only = os.environ.get("IDEM_TEST_SCENARIO")
@@ -188,6 +190,40 @@ if scenario("idemctl"):
     story = idemctl("key", "shop-1", key)
     t.ok(f"{late} is late: already in late_operations" in story.stdout and
          len(late_rows(key)) == 1, "told again, recorded once", story.stdout)
+
+if scenario("settle"):
+    # An attempt whose call succeeds after another attempt finished the key
+    # with another charge (made here by hand in the key's row: what a
+    # take-over that settled its own generation leaves): its settle is
+    # fenced, and its charge, not the key's, is late.
+    slow = Provider(port=19074, IDEM_PROVIDER_LATENCY_MS=1500).start()
+    sapi = Api(port=19075, IDEM_PROVIDER_URL=slow.url, **API_ENV).start()
+    key, recipient = new_key("late-settle"), new_key("acc")
+    before = metric(sapi.port, "idem_late_operations_total")
+    call = Background(sapi.post, "/v1/payments", payment(recipient), key=key)
+    wait_until(lambda: provider_calls(f"shop-1:{key}") == 1, "the provider to have the call",
+               timeout=BOUND)
+    pid = sql_value("insert into payments (client_id, idem_key, charge_id, amount, currency,"
+                    f" recipient) values ('shop-1', {quote(key)}, 'ch_other_{key[-12:]}',"
+                    f" 10000, 'RUB', {quote(recipient)}) returning payment_id")
+    other = ('{"payment_id":' + pid + ',"charge_id":"ch_other_' + key[-12:] +
+             '","status":"succeeded","amount":10000,"currency":"RUB"}')
+    sql("update idempotency_keys set status = 'done', status_code = 201, lease_id ="
+        f" lease_id + 1, locked_until = null, finished_at = now(), response = {quote(other)}"
+        f" where client_id = 'shop-1' and idem_key = {quote(key)}")
+    answer = call.wait(BOUND)
+    made = slow.charges(f"shop-1:{key}")
+    t.ok(answer.status == 201 and answer.replayed and answer.body.decode() == other,
+         "settle: the fenced attempt answers the key's saved outcome", answer)
+    wait_until(lambda: late_rows(key), "its own charge to be recorded", timeout=BOUND)
+    t.eq(late_rows(key), [[made[0]["charge_id"], "1", "ch_other_" + key[-12:], "settle",
+                           "10000", "done"]],
+         "settle: its charge, not the key's, is a late charge")
+    wait_until(lambda: metric(sapi.port, "idem_late_operations_total") >= before + 1,
+               "it to be counted", timeout=BOUND)
+    t.eq(metric(sapi.port, "idem_late_operations_total"), before + 1, "settle: counted")
+    sapi.stop()
+    slow.stop()
 
 api.stop()
 provider.stop()
