@@ -445,6 +445,34 @@ db_call_cleanup(struct db_call *c)
 }
 
 /*
+ * The call goes on under another owner, at dst, whatever its phase: the
+ * statement in flight, the connection handed to it, its place in the
+ * pool's queue and its answer are dst's from now on, and src is an
+ * unused call. Nobody is woken for it any more: its new owner polls
+ * db_call_step() (a lease flow whose client left, lease_handoff.c).
+ */
+void
+db_call_move(struct db_call *dst, struct db_call *src)
+{
+	struct db_pool		*pool = &pools[src->pool];
+
+	*dst = *src;
+	dst->req = NULL;
+
+	if (src->phase == DB_PHASE_QUEUED && src->conn == NULL) {
+		TAILQ_INSERT_AFTER(&pool->waiting, src, dst, queue);
+		TAILQ_REMOVE(&pool->waiting, src, queue);
+	}
+
+	if (dst->conn != NULL && dst->conn->call == src)
+		dst->conn->call = dst;
+
+	memset(src, 0, sizeof(*src));
+	src->pool = dst->pool;
+	src->phase = DB_PHASE_INIT;
+}
+
+/*
  * Runs the call one step on: DB_CALL_PENDING while it waits (a request is
  * put to sleep and woken when there is news), then DB_CALL_DONE with its
  * result, or DB_CALL_FAILED with c->error.

@@ -102,6 +102,7 @@ void		db_call_init_pool(struct db_call *, struct http_request *,
 		    int, u_int32_t);
 void		db_call_init_job(struct db_call *);
 void		db_call_cleanup(struct db_call *);
+void		db_call_move(struct db_call *, struct db_call *);
 int		db_call_step(struct db_call *, const char *, int,
 		    const char **);
 const char	*db_call_value(struct db_call *, int);

@@ -436,14 +436,18 @@ request_free(struct http_request *req)
 	access_log(req, r->client_id, r->key, r->outcome < 0 ? NULL :
 	    metrics_outcome_name(r->outcome), r->started, r->replayed);
 
+	/*
+	 * The strategy first: a lease flow whose client left takes the
+	 * request's database call in flight with it (lease_handoff()).
+	 */
+	if (r->strategy_free != NULL)
+		r->strategy_free(r);
+
 	auth_cleanup(&r->auth);
 	idem_db_reset(r);
 	json_free(r->body);
 	kore_buf_cleanup(&r->canonical);
 	kore_buf_cleanup(&r->request);
-
-	if (r->strategy_free != NULL)
-		r->strategy_free(r);
 
 	reload_release();
 }

@@ -22,7 +22,7 @@ static void	job_run(struct job *, u_int64_t);
 static void	job_end(struct job *, u_int64_t);
 
 static struct job		*jobs[] = {
-	&cleanup_job, &recovery_job, &standby_job
+	&cleanup_job, &recovery_job, &standby_job, &late_job
 };
 
 static struct kore_timer	*timer = NULL;
@@ -38,6 +38,8 @@ jobs_start(void)
 	recovery_job.interval_ms =
 	    (u_int64_t)settings.recovery_interval_seconds * 1000;
 	standby_job.interval_ms = REPLAY_CACHE_STANDBY_MS;
+	late_job.interval_ms =
+	    (u_int64_t)settings.recovery_interval_seconds * 1000;
 
 	/* A connection for each job: a job never waits for another. */
 	db_pool_open(DB_POOL_JOBS, sizeof(jobs) / sizeof(jobs[0]));

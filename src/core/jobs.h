@@ -48,5 +48,6 @@ void	job_db_reset(struct job *);
 extern struct job	cleanup_job;
 extern struct job	recovery_job;
 extern struct job	standby_job;
+extern struct job	late_job;
 
 #endif

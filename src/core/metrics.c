@@ -122,6 +122,9 @@ static const struct {
 	    "Database calls that failed." },
 	[COUNTER_REPLAY_CACHE_HITS] = { "idem_replay_cache_hits_total",
 	    "Retries of finished keys answered from a worker's replay cache." },
+	[COUNTER_LATE_OPERATIONS] = { "idem_late_operations_total",
+	    "Operations a provider made for a key that are not its settled "
+	    "outcome (late charges, refunds), recorded in late_operations." },
 };
 
 /* Upper bounds of the latency buckets, in milliseconds. */

@@ -26,7 +26,8 @@
 #define COUNTER_CLEANUP_DELETED		3
 #define COUNTER_DB_ERRORS		4
 #define COUNTER_REPLAY_CACHE_HITS	5
-#define COUNTER_MAX			6
+#define COUNTER_LATE_OPERATIONS		6
+#define COUNTER_MAX			7
 
 void	metrics_init(void);
 void	metrics_attach(void);

@@ -78,6 +78,8 @@ static const struct number_setting	numbers[] = {
 	{ "IDEM_PROVIDER_KEY_RETENTION_SECONDS",
 	    &settings.provider_key_retention_seconds, SETTING_UNSET, 0,
 	    366 * 86400 },
+	{ "IDEM_LATE_SCAN_AFTER_SECONDS", &settings.late_scan_after_seconds,
+	    3600, 1, 7 * 86400 },
 };
 
 static const struct text_setting	texts[] = {

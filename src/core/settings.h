@@ -33,6 +33,7 @@ struct settings {
 	u_int32_t	fake_keeps_5xx;
 	u_int32_t	provider_settle_seconds;
 	u_int32_t	provider_key_retention_seconds;
+	u_int32_t	late_scan_after_seconds;
 	int		loaded;
 };
 

@@ -123,6 +123,9 @@ static int	generation_of(const struct lease_attempt *, const char *,
 		    size_t, struct json_value *);
 static int	generation_parse(const char *, size_t, u_int64_t *);
 static int	key_fits(const struct lease_attempt *);
+static void	late_listed(struct lease_flow *, struct json_value *,
+		    struct json_value *, struct json_value *);
+static void	late_settled(struct lease_flow *);
 
 static int	lease_flow_step(struct http_request *);
 static int	lease_respond(struct http_request *);
@@ -793,6 +796,7 @@ flow_settle(struct lease_flow *f)
 	if (ret != LEASE_NEXT)
 		return (ret);
 
+	late_settled(f);
 	f->end = LEASE_END_SETTLED;
 	return (LEASE_DONE);
 }
@@ -881,7 +885,8 @@ flow_query(struct lease_flow *f, const char *query, int nparams,
     const char **params)
 {
 	if (!*f->db_active) {
-		if (f->req != NULL)
+		/* A flow whose client left: a request's pool, polled. */
+		if (f->req != NULL || f->handed)
 			db_call_init(f->db, f->req);
 		else
 			db_call_init_job(f->db);
@@ -1035,12 +1040,21 @@ listed(struct lease_flow *f)
 		    !idem_id_valid(id->str, id->len))
 			continue;
 
+		/*
+		 * The page is read to its end: every other success of the
+		 * key's generations is a late operation (late_listed()).
+		 */
+		if (f->late_scan || ret == LISTED_FOUND) {
+			late_listed(f, item, k, id);
+			continue;
+		}
+
 		(void)kore_strlcpy(c->id, id->str, sizeof(c->id));
 		ret = LISTED_FOUND;
-		break;
 	}
 
-	if (ret == LISTED_NONE && pending)
+	/* A late scan reads every page, whatever is pending. */
+	if (ret == LISTED_NONE && pending && !f->late_scan)
 		ret = LISTED_PENDING;
 
 	if (ret == LISTED_NONE && provider->has_more != NULL) {
@@ -1127,6 +1141,120 @@ generation_parse(const char *s, size_t len, u_int64_t *g)
 	}
 
 	return (1);
+}
+
+/*
+ * A success listed for the key that is not its outcome (issue 28, item
+ * 6): a reconciliation's second success, or, in a late scan, any but the
+ * key's saved one. Recorded by late.c, which logs and counts it once.
+ */
+static void
+late_listed(struct lease_flow *f, struct json_value *item,
+    struct json_value *k, struct json_value *id)
+{
+	struct lease_attempt	*a = &f->attempt;
+	char			pkey[LEASE_PROVIDER_KEY_MAX];
+	char			base[LEASE_PROVIDER_KEY_MAX];
+	u_int32_t		g;
+	int64_t			amount;
+	size_t			n;
+
+	if (f->late_scan && !strcmp(f->settled, id->str))
+		return;
+	if (k->len >= sizeof(pkey))
+		return;
+	memcpy(pkey, k->str, k->len);
+	pkey[k->len] = '\0';
+
+	/* generation_of() said it is <base> or <base>:<g>. */
+	provider_key(a, 1, base, sizeof(base));
+	n = strlen(base);
+	g = 1;
+	if (k->len > n + 1)
+		g = (u_int32_t)strtoul(pkey + n + 1, NULL, 10);
+
+	lease_late_found(f, pkey, g, id->str,
+	    json_int64(json_member(item, "amount"), &amount) ? &amount : NULL,
+	    f->late_scan ? "scan" : "reconcile");
+}
+
+/*
+ * A fenced settle of a success: another attempt finished the key. If the
+ * key saved another operation (or a refusal), this attempt's is a second
+ * one, made under an earlier generation; under the same derived key the
+ * provider answers every attempt with the same operation, and the record
+ * (late_operation_record()) finds it is the key's own and writes nothing.
+ */
+static void
+late_settled(struct lease_flow *f)
+{
+	struct lease_attempt	*a = &f->attempt;
+	struct json_value	*v;
+	int64_t			amount;
+	char			err[JSON_ERROR_LEN];
+	int			known;
+
+	/*
+	 * A reconciled success was listed, not sent now: its generation is
+	 * not known here. The key went past its first generation if another
+	 * attempt settled another operation, so the late scan lists it.
+	 */
+	if (a->answer->class != PROVIDER_SUCCESS ||
+	    a->answer == &provider_answer_reconciled ||
+	    db_call_rows(f->db) != 1 ||
+	    strcmp(db_call_field(f->db, "outcome"), "fenced") ||
+	    strcmp(db_call_field(f->db, "status"), "done"))
+		return;
+
+	v = json_parse(f->request.data, f->request.offset, err, sizeof(err));
+	known = json_int64(json_member(v, "amount"), &amount);
+	json_free(v);
+
+	lease_late_found(f, a->provider_key, a->generation, a->pcall.id,
+	    known ? &amount : NULL, "settle");
+}
+
+/*
+ * The late scan's listing of a finished key (late.c): the provider's list
+ * of its generations, page by page, every success but its saved one
+ * reported late. LEASE_WAIT while a page is read, LEASE_NEXT once a page
+ * is in and another follows, LEASE_DONE at the end, LEASE_FAILED when the
+ * list could not be read (a->pcall.log says why).
+ */
+int
+lease_late_list(struct lease_flow *f)
+{
+	struct lease_attempt	*a = &f->attempt;
+	struct kore_buf		path;
+	int			ret;
+
+	if (!a->calling) {
+		kore_buf_init(&path, 256);
+		list_path(&path, f);
+		a->pcall.req = NULL;
+		provider_call_get(&a->pcall, kore_buf_stringify(&path, NULL));
+		kore_buf_cleanup(&path);
+		a->calling = 1;
+	}
+
+	if (!a->pcall.done)
+		return (LEASE_WAIT);
+
+	ret = listed(f);
+	lease_attempt_cleanup(a);
+
+	switch (ret) {
+	case LISTED_MORE:
+		if (++f->pages < RECONCILE_PAGES_MAX)
+			return (LEASE_NEXT);
+		(void)snprintf(a->pcall.log, sizeof(a->pcall.log),
+		    "more than %d pages", RECONCILE_PAGES_MAX);
+		return (LEASE_FAILED);
+	case LISTED_FAILED:
+		return (LEASE_FAILED);
+	default:
+		return (LEASE_DONE);
+	}
 }
 
 /*
@@ -1367,12 +1495,19 @@ lease_respond_fenced(struct http_request *req)
 	    r->key));
 }
 
+/*
+ * The request is freed, answered or cut off. A flow whose provider call
+ * was sent and whose outcome is not saved yet (its client left) goes on
+ * without it (handoff.c); any other ends here.
+ */
 static void
 lease_request_free(struct idem_request *r)
 {
-	if (r->lease->db != NULL)
-		lease_flow_cleanup(r->lease);
-	kore_free(r->lease);
+	if (!lease_handoff(r->lease)) {
+		if (r->lease->db != NULL)
+			lease_flow_cleanup(r->lease);
+		kore_free(r->lease);
+	}
 	r->lease = NULL;
 }
 

@@ -121,6 +121,16 @@ struct lease_flow {
 
 	/* What a request's reserve sends. */
 	const char			*fingerprint;
+
+	/* Its client left: run on by lease_handoff() (handoff.c). */
+	int				handed;
+
+	/*
+	 * The late scan of a finished key (late.c): every success listed
+	 * but the key's saved one (settled, "" if none) is late.
+	 */
+	int				late_scan;
+	char				settled[PROVIDER_ID_MAX + 1];
 };
 
 int	lease_run(struct http_request *);
@@ -131,6 +141,10 @@ void	lease_flow_init(struct lease_flow *, int, struct http_request *,
 int	lease_flow_run(struct lease_flow *);
 void	lease_flow_cleanup(struct lease_flow *);
 const char *lease_state_name(int);
+int	lease_handoff(struct lease_flow *);
+int	lease_late_list(struct lease_flow *);
+void	lease_late_found(const struct lease_flow *, const char *, u_int32_t,
+	    const char *, const int64_t *, const char *);
 
 void	lease_attempt_init(struct lease_attempt *, const struct lease_call *,
 	    const char *, const char *, const char *, const char *,

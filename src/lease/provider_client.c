@@ -95,8 +95,9 @@ provider_client_init(void)
 
 /*
  * Before a reload: the multi handle holds our callbacks. No call is in
- * flight then (each belongs to a request or a job round, which hold the
- * worker), so cleaning it up only closes idle connections.
+ * flight then (each belongs to a request, a job round or a flow whose
+ * client left (handoff.c), which hold the worker), so cleaning it up only
+ * closes idle connections.
  */
 void
 provider_client_unload(void)

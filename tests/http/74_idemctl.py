@@ -4,7 +4,9 @@ IDEM_AUTH_CACHE_SECONDS have passed (the bound the docs state); refusals
 exit non-zero with their reason. `idemctl key` tells a key's story: its
 row, its business rows, the provider's charges under its derived keys
 (the fake provider and the Stripe mock), its access-log lines. `idemctl
-late` reads the late operations table, and says when there is none."""
+late` reads the late operations table (late_operations, or another named
+by IDEM_LATE_TABLE), and says when there is none; `late handle` refuses
+an id it does not hold."""
 
 import hashlib
 import json
@@ -300,6 +302,14 @@ sapi.stop()
 mock.kill9()
 
 # --- late operations -------------------------------------------------------------
+real = idemctl("late")
+t.ok(real.returncode == 0 and re.search(r"^\(\d+ late operations?, \d+ not handled\)$|"
+                                        r"^\(0 late operations\)$", real.stdout, re.M),
+     "late reads the migrated table, late_operations (tests/http/69_late_charge.py "
+     "fills it)", real.out)
+unknown = idemctl("late", "handle", "ch_no_such_late", "refunded")
+t.ok(unknown.returncode == 1 and "no late operation ch_no_such_late" in unknown.stderr,
+     "late handle of an unknown id is refused, with why", unknown.out)
 absent = idemctl("late", IDEM_LATE_TABLE="idemctl_no_such_table")
 t.ok(absent.returncode == 0 and "does not exist yet" in absent.stderr and
      absent.stdout == "", "late without its table: says so, lists nothing", absent.out)
