@@ -398,3 +398,24 @@ $$;
 comment on function lease_now(text, text) is
     'Lease strategy: the state of a key as a fenced attempt answers it '
     '(as lease_complete() does when fenced). Always one row.';
+
+-- The instances of the previous release (1.0.0) call these two during a
+-- rolling upgrade: they now keep the rules above too. A release of an
+-- answer it marks indeterminate starts a settle window of 300 s (Stripe's
+-- default: 1.0.0 took any 5xx for a kept one), and its next generation
+-- passes over another key's provider key and starts its own clock.
+create or replace function lease_release(p_client text, p_key text,
+    p_lease bigint, p_indeterminate boolean, p_base int, p_cap int)
+returns table (released boolean, attempts int, wait_seconds int)
+language sql as $$
+	select * from lease_release(p_client, p_key, p_lease, p_indeterminate,
+	    p_base, p_cap, 300);
+$$;
+
+create or replace function lease_generation(p_client text, p_key text,
+    p_lease bigint, p_generation int, p_lease_seconds int, p_call_ms int)
+returns int
+language sql as $$
+	select lease_generation(p_client, p_key, p_lease, p_generation,
+	    p_lease_seconds, p_call_ms, null::int);
+$$;

@@ -598,7 +598,7 @@ call_send(struct db_call *c, const char *query, int nparams,
 	 * would run a statement for nobody. The connection goes on to the
 	 * next waiting call.
 	 */
-	if (c->req != NULL && (c->req->owner == NULL ||
+	if (c->req != NULL && !c->for_nobody && (c->req->owner == NULL ||
 	    c->req->owner->state == CONN_STATE_DISCONNECTING)) {
 		c->client_gone = 1;
 		call_unsent(c, DB_ERROR_UNAVAILABLE,

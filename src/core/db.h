@@ -82,6 +82,12 @@ struct db_call {
 	int			error;
 	char			sqlstate[6];
 	int			key_taken;
+
+	/*
+	 * Sent even when its client has left (a lease settle or release
+	 * after the provider answered: the outcome must be saved).
+	 */
+	int			for_nobody;
 	int			client_gone;
 	int			refused;
 	int			replans;

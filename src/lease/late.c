@@ -23,6 +23,7 @@
 #include <inttypes.h>
 #include <stdio.h>
 #include <string.h>
+#include <time.h>
 
 #include <kore/kore.h>
 
@@ -297,8 +298,12 @@ late_scan_start(struct job *job)
 	    10));
 	f->taken_at = (int64_t)strtod(db_call_field(&job->db, "taken_at"),
 	    NULL);
-	/* Up to now: a late operation is listed after the key's last answer. */
+	/*
+	 * Up to now: a late operation is listed after the key's last answer
+	 * (Stripe's list by time asks created[lte] of the window's end).
+	 */
 	f->reconcile_until = 0;
+	f->window_end = (int64_t)time(NULL) + LEASE_CLOCK_SLACK;
 	kore_buf_append(&f->request, db_call_field(&job->db, "request"),
 	    db_call_field_length(&job->db, "request"));
 	job->arg = f;

@@ -86,7 +86,7 @@
  * A listing by creation time starts this long before the key was taken:
  * the provider's clock is not ours.
  */
-#define RECONCILE_CLOCK_SLACK	300
+#define RECONCILE_CLOCK_SLACK	LEASE_CLOCK_SLACK
 
 /* What a list said. */
 #define LISTED_NONE		1
@@ -548,9 +548,12 @@ flow_reconcile(struct lease_flow *f)
 		if ((ret = flow_query(f, LEASE_CURSOR_SQL, 4, params)) !=
 		    LEASE_NEXT)
 			return (ret);
-		/* Up to the last indeterminate answer, or to now. */
-		f->window_end = (f->reconcile_until > 0 ? f->reconcile_until :
-		    (int64_t)time(NULL)) + RECONCILE_CLOCK_SLACK;
+		/*
+		 * Up to now: a listing comes after the settle window, and
+		 * every generation sent so far (a later one's charge too,
+		 * made after the last indeterminate answer) is in it.
+		 */
+		f->window_end = (int64_t)time(NULL) + RECONCILE_CLOCK_SLACK;
 		f->after[0] = '\0';
 		if (db_call_rows(f->db) == 1 && !db_call_null(f->db, 0)) {
 			after = db_call_field(f->db, "after");
@@ -891,6 +894,13 @@ flow_query(struct lease_flow *f, const char *query, int nparams,
 		else
 			db_call_init_job(f->db);
 		*f->db_active = 1;
+		/*
+		 * The provider has answered: its outcome is saved (or the
+		 * lease given back) even if the client leaves before the
+		 * statement is sent; the flow is then handed on (handoff.c).
+		 */
+		if (f->state == LEASE_SETTLE || f->state == LEASE_RELEASE)
+			f->db->for_nobody = 1;
 	}
 
 	switch (db_call_step(f->db, query, nparams, params)) {
@@ -940,10 +950,9 @@ list_path(struct kore_buf *buf, struct lease_flow *f)
 		kore_buf_appendf(buf, "limit=100&created%%5Bgte%%5D=%lld",
 		    (long long)(f->taken_at - RECONCILE_CLOCK_SLACK));
 		/*
-		 * Up to the last indeterminate answer (nothing later is
-		 * ours), or, with none, to when this reconciliation began:
-		 * a bounded window, the same for every attempt that goes on
-		 * from its cursor (flow_reconcile()).
+		 * Up to when this reconciliation began (every generation
+		 * sent so far): a bounded window, the same for every attempt
+		 * that goes on from its cursor (flow_reconcile()).
 		 */
 		kore_buf_appendf(buf, "&created%%5Blte%%5D=%lld",
 		    (long long)f->window_end);

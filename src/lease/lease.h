@@ -37,6 +37,12 @@ struct lease_call {
 	const char	*provider_op;
 };
 
+/*
+ * A listing by creation time reaches this far past its bounds: the
+ * provider's clock is not ours (seconds).
+ */
+#define LEASE_CLOCK_SLACK	300
+
 #define LEASE_PROVIDER_KEY_MAX	(AUTH_CLIENT_ID_MAX + IDEM_KEY_MAX + 16)
 
 /* One call at the provider: a request's, the recovery job's, a demo's. */
