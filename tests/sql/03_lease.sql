@@ -3,7 +3,7 @@
 -- release and the fencing rule; and the fake provider's one charge and one
 -- refund per key, and its 409.
 begin;
-select plan(88);
+select plan(90);
 
 create temporary table r1 as select * from lease_reserve('shop-1', 'p-1',
     'payments.create', repeat('a', 64),
@@ -175,6 +175,15 @@ select results_eq($$select released, attempts from lease_release('shop-1', 'g-1'
     'an indeterminate answer releases the key, no recovery attempt counted');
 select ok((select indeterminate_at between now() - interval '1 second' and now()
     from idempotency_keys where idem_key = 'g-1'), 'and records when it came');
+select ok((select settle_until > now() + interval '299 seconds' from idempotency_keys
+    where idem_key = 'g-1'), 'the six-argument release (the previous release''s) '
+    'starts a settle window of 300 s');
+select results_eq($$select outcome, settling, retry_after > 290 from lease_reserve('shop-1',
+    'g-1', 'payments.create', repeat('a', 64), '{}', 30, 10000)$$,
+    $$values ('in_flight'::text, true, true)$$,
+    'in the window a retry takes nothing: in flight, settling, Retry-After its end');
+-- The window passes, as time would.
+update idempotency_keys set settle_until = now() where idem_key = 'g-1';
 create temporary table g2 as select * from lease_reserve('shop-1', 'g-1',
     'payments.create', repeat('a', 64), '{}', 30, 10000);
 select results_eq($$select outcome, lease_id, generation, reconcile from g2$$,
