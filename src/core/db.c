@@ -48,10 +48,11 @@
 #include <arpa/inet.h>
 
 #include <netdb.h>
-#include <pthread.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "db.h"
 #include "metrics.h"
@@ -107,6 +108,17 @@
 /* Host names are resolved again at most this often. */
 #define DB_RESOLVE_MS		1000
 
+/*
+ * A resolution still in flight after this long is forgotten and the names
+ * asked again: the C library bounds its own (resolv.conf's timeout x
+ * attempts per name server and query), far below this, so only a
+ * resolution that will never report (its thread gone) gets here.
+ */
+#define DB_RESOLVE_STUCK_MS	(10 * 60 * 1000)
+
+/* What a reload keeps: a tagged Kore allocation (as metrics.c's). */
+#define DB_ANCHOR_TAG		0x69646462
+
 /* The pools' cause while no host name of the URL has an address. */
 #define DB_WHY_UNRESOLVED	"unreachable (host name not resolved)"
 
@@ -155,7 +167,7 @@ struct db_host {
 	char			*hostaddr;
 	char			*port;
 	int			named;
-	char			*addrs[DB_ADDRS_MAX];
+	char			addrs[DB_ADDRS_MAX][INET6_ADDRSTRLEN];
 	u_int32_t		naddrs;
 };
 
@@ -165,15 +177,39 @@ struct db_target {
 	const char		*addr;
 };
 
-/* A resolution in flight: the resolver thread's own memory. */
+/*
+ * A resolution in flight (getaddrinfo_a()): the C library's threads write
+ * into it until each request is done, so it is the C library's memory,
+ * never freed while a request may still be written, and it outlives a
+ * reload (db_anchor).
+ */
 struct db_resolve {
-	int			done;
 	u_int32_t		n;
+	u_int64_t		started;
+	struct addrinfo		hints;
+	struct sigevent		sev;
 	char			*names[DB_HOSTS_MAX];
-	int			error[DB_HOSTS_MAX];
-	u_int32_t		naddrs[DB_HOSTS_MAX];
-	char			addrs[DB_HOSTS_MAX][DB_ADDRS_MAX]
-				    [INET6_ADDRSTRLEN];
+	struct gaicb		cb[DB_HOSTS_MAX];
+	struct gaicb		*list[DB_HOSTS_MAX];
+};
+
+/*
+ * What a reload of the module keeps (its statics are gone, Kore's memory
+ * stays): the resolution in flight, and the addresses each host name had
+ * at its last successful resolution, so that a reload during a DNS outage
+ * does not forget them. Checked against the build's layout (size) and
+ * the process (a worker's own, never inherited).
+ */
+struct db_anchor {
+	u_int32_t		size;
+	u_int32_t		resolve_size;
+	pid_t			pid;
+	struct db_resolve	*resolving;
+	struct {
+		char		*name;
+		u_int32_t	naddrs;
+		char		addrs[DB_ADDRS_MAX][INET6_ADDRSTRLEN];
+	} hosts[DB_HOSTS_MAX];
 };
 
 TAILQ_HEAD(db_conn_list, db_conn);
@@ -235,9 +271,10 @@ static void	hosts_parse(const char *, const char *, const char *);
 static void	hosts_free(void);
 static void	targets_build(void);
 static char	*target_dsn(u_int32_t);
+static void	anchor_attach(void);
 static void	resolve_start(void);
-static void	*resolve_thread(void *);
 static void	resolve_poll(void);
+static int	resolve_abandon(struct db_resolve *);
 static void	resolve_free(struct db_resolve *);
 static void	dsn_append(struct kore_buf *, const char *, const char *);
 static void	options_append(struct kore_buf *, const char *);
@@ -251,7 +288,7 @@ static u_int32_t		names = 0;
 static struct db_target		targets[DB_TARGETS_MAX];
 static u_int32_t		ntargets = 0;
 static u_int32_t		target_good = 0;
-static struct db_resolve	*resolving = NULL;
+static struct db_anchor		*anchor = NULL;
 static u_int64_t		resolve_at = 0;
 static u_int32_t		connect_timeout_ms = DB_CONNECT_TIMEOUT_MS;
 static char			*statements[DB_STATEMENTS_MAX];
@@ -275,6 +312,10 @@ db_register(void)
 {
 	if (dsn_base == NULL)
 		dsn_build(settings.database_url);
+
+	/* Only a worker resolves: the parent's threads do not fork. */
+	if (worker != NULL && anchor == NULL)
+		anchor_attach();
 }
 
 /*
@@ -343,10 +384,10 @@ db_unload(void)
 	}
 
 	/*
-	 * A resolution still in flight (a worker that stops: a reload waits
-	 * for it) is left to its thread.
+	 * A resolution still in flight stays in the anchor, in the C
+	 * library's hands: the reloaded image polls it (anchor_attach()).
 	 */
-	resolving = NULL;
+	anchor = NULL;
 	resolve_at = 0;
 	hosts_free();
 
@@ -1900,15 +1941,13 @@ static void
 hosts_free(void)
 {
 	struct db_host		*h;
-	u_int32_t		i, k;
+	u_int32_t		i;
 
 	for (i = 0; i < nhosts; i++) {
 		h = &hosts[i];
 		kore_free(h->host);
 		kore_free(h->hostaddr);
 		kore_free(h->port);
-		for (k = 0; k < h->naddrs; k++)
-			kore_free(h->addrs[k]);
 		memset(h, 0, sizeof(*h));
 	}
 	nhosts = 0;
@@ -1920,27 +1959,67 @@ hosts_free(void)
 }
 
 /*
- * Resolves the URL's host names in a thread of its own, off the event
- * loop: getaddrinfo() waits on the resolver as long as resolv.conf lets
- * it, and the worker meanwhile serves everything else. The worker looks
- * for the answer from db_tick(). One resolution at a time, started at
- * most every DB_RESOLVE_MS: when the worker starts, while no name has an
- * address, and when a connection failed at every address it had.
- *
- * The thread shares nothing with the worker but its own struct, handed
- * back by its done flag; it allocates with the C library, not Kore's
- * pools. A reload waits for it (reload_hold()): its code is the module's.
+ * The anchor this worker's earlier images left (a reload), or a new one.
+ * Each host name takes the addresses it had, if the URL still names it
+ * at that place. An anchor of a build laid out otherwise, or inherited
+ * from another process, is left as it is (its resolution may still be
+ * written by the C library) and a new one made.
+ */
+static void
+anchor_attach(void)
+{
+	struct db_anchor	*a;
+	struct db_host		*h;
+	u_int32_t		i;
+
+	a = kore_mem_lookup(DB_ANCHOR_TAG);
+	if (a != NULL && (a->size != sizeof(*a) ||
+	    a->resolve_size != sizeof(struct db_resolve) ||
+	    a->pid != getpid())) {
+		kore_mem_untag(a);
+		a = NULL;
+	}
+
+	if (a == NULL) {
+		a = kore_malloc_tagged(sizeof(*a), DB_ANCHOR_TAG);
+		memset(a, 0, sizeof(*a));
+		a->size = sizeof(*a);
+		a->resolve_size = sizeof(struct db_resolve);
+		a->pid = getpid();
+	}
+	anchor = a;
+
+	for (i = 0; i < nhosts; i++) {
+		h = &hosts[i];
+		if (!h->named || a->hosts[i].name == NULL ||
+		    strcmp(a->hosts[i].name, h->host))
+			continue;
+		memcpy(h->addrs, a->hosts[i].addrs, sizeof(h->addrs));
+		h->naddrs = a->hosts[i].naddrs;
+	}
+	targets_build();
+}
+
+/*
+ * Resolves the URL's host names off the event loop, with the C library's
+ * asynchronous getaddrinfo_a(): its own threads run getaddrinfo() (the C
+ * library's code, not the module's: a reload may unload the module while
+ * they run) and the worker looks for the answer from db_tick(), with
+ * gai_error(). One resolution at a time, started at most every
+ * DB_RESOLVE_MS: when the worker starts, while no name has an address,
+ * and when a connection failed at every address it had. A reload does
+ * not wait for it: the resolution stays in the anchor and the new image
+ * polls it.
  */
 static void
 resolve_start(void)
 {
 	struct db_resolve	*r;
-	pthread_attr_t		attr;
-	pthread_t		tid;
-	u_int32_t		i;
+	u_int32_t		i, n;
 	int			err;
 
-	if (resolving != NULL || names == 0 || kore_time_ms() < resolve_at)
+	if (anchor == NULL || anchor->resolving != NULL || names == 0 ||
+	    kore_time_ms() < resolve_at)
 		return;
 
 	resolve_at = kore_time_ms() + DB_RESOLVE_MS;
@@ -1948,50 +2027,93 @@ resolve_start(void)
 	if ((r = calloc(1, sizeof(*r))) == NULL)
 		fatal("%s: out of memory", __func__);
 	r->n = nhosts;
+	r->started = kore_time_ms();
+	r->hints.ai_family = AF_UNSPEC;
+	r->hints.ai_socktype = SOCK_STREAM;
+	r->sev.sigev_notify = SIGEV_NONE;
+
+	n = 0;
 	for (i = 0; i < nhosts; i++) {
 		if (!hosts[i].named)
 			continue;
 		if ((r->names[i] = strdup(hosts[i].host)) == NULL)
 			fatal("%s: out of memory", __func__);
+		r->cb[i].ar_name = r->names[i];
+		r->cb[i].ar_request = &r->hints;
+		r->list[n++] = &r->cb[i];
 	}
 
-	(void)pthread_attr_init(&attr);
-	(void)pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
-	err = pthread_create(&tid, &attr, resolve_thread, r);
-	(void)pthread_attr_destroy(&attr);
-	if (err != 0) {
+	if ((err = getaddrinfo_a(GAI_NOWAIT, r->list, (int)n,
+	    &r->sev)) != 0) {
+		/*
+		 * EAI_AGAIN or EAI_MEMORY: none of them was queued (the C
+		 * library takes them all or none). Tried again later.
+		 */
 		kore_log(LOG_ERR, "cannot start the database host name "
-		    "resolver: %s", strerror(err));
+		    "resolution: %s", gai_strerror(err));
 		resolve_free(r);
 		return;
 	}
 
-	resolving = r;
-	reload_hold();
+	anchor->resolving = r;
 }
 
-static void *
-resolve_thread(void *arg)
+/*
+ * From db_tick(): the resolution's answer, once all its names are in. A
+ * name that resolved takes its new addresses (kept in the anchor too);
+ * one that did not keeps those it had. With no address at all, every
+ * pool fails its waiting calls and says why.
+ */
+static void
+resolve_poll(void)
 {
-	struct db_resolve	*r = arg;
-	struct addrinfo		hints, *res, *ai;
+	struct db_resolve	*r;
+	struct db_host		*h;
+	struct db_pool		*pool;
+	struct addrinfo		*ai;
 	const void		*src;
-	char			addr[INET6_ADDRSTRLEN];
+	char			msg[DB_CAUSE_MAX], addr[INET6_ADDRSTRLEN];
 	u_int32_t		i, k, n;
-	int			dup;
+	int			id, err, dup;
 
-	memset(&hints, 0, sizeof(hints));
-	hints.ai_family = AF_UNSPEC;
-	hints.ai_socktype = SOCK_STREAM;
+	if (anchor == NULL || (r = anchor->resolving) == NULL)
+		return;
 
 	for (i = 0; i < r->n; i++) {
-		if (r->names[i] == NULL)
+		if (r->names[i] != NULL &&
+		    gai_error(&r->cb[i]) == EAI_INPROGRESS)
+			break;
+	}
+	if (i < r->n) {
+		if (kore_time_ms() - r->started < DB_RESOLVE_STUCK_MS)
+			return;
+		kore_log(LOG_ERR, "the database host name resolution has not "
+		    "reported in %u s: asked again", DB_RESOLVE_STUCK_MS / 1000);
+		anchor->resolving = NULL;
+		if (resolve_abandon(r))
+			resolve_free(r);
+		return;
+	}
+	anchor->resolving = NULL;
+
+	/* The C library's thread wrote the result before its status. */
+	__atomic_thread_fence(__ATOMIC_ACQUIRE);
+
+	msg[0] = '\0';
+	for (i = 0; i < r->n && i < nhosts; i++) {
+		h = &hosts[i];
+		if (r->names[i] == NULL || !h->named ||
+		    strcmp(r->names[i], h->host))
 			continue;
-		if ((r->error[i] = getaddrinfo(r->names[i], NULL, &hints,
-		    &res)) != 0)
+		if ((err = gai_error(&r->cb[i])) != 0) {
+			(void)snprintf(msg, sizeof(msg), "%s: %s", h->host,
+			    gai_strerror(err));
 			continue;
+		}
+
 		n = 0;
-		for (ai = res; ai != NULL && n < DB_ADDRS_MAX; ai = ai->ai_next) {
+		for (ai = r->cb[i].ar_result; ai != NULL && n < DB_ADDRS_MAX;
+		    ai = ai->ai_next) {
 			if (ai->ai_family == AF_INET) {
 				src = &((struct sockaddr_in *)
 				    (void *)ai->ai_addr)->sin_addr;
@@ -2006,63 +2128,28 @@ resolve_thread(void *arg)
 				continue;
 			dup = 0;
 			for (k = 0; k < n; k++) {
-				if (!strcmp(r->addrs[i][k], addr))
+				if (!strcmp(h->addrs[k], addr))
 					dup = 1;
 			}
 			if (dup)
 				continue;
-			(void)snprintf(r->addrs[i][n], sizeof(r->addrs[i][n]),
-			    "%s", addr);
+			(void)kore_strlcpy(h->addrs[n], addr,
+			    sizeof(h->addrs[n]));
 			n++;
 		}
-		r->naddrs[i] = n;
-		freeaddrinfo(res);
-		if (n == 0)
-			r->error[i] = EAI_NONAME;
-	}
-
-	__atomic_store_n(&r->done, 1, __ATOMIC_RELEASE);
-
-	return (NULL);
-}
-
-/*
- * From db_tick(): the resolution's answer, once in. A name that resolved
- * takes its new addresses; one that did not keeps those it had. With no
- * address at all, every pool fails its waiting calls and says why.
- */
-static void
-resolve_poll(void)
-{
-	struct db_resolve	*r = resolving;
-	struct db_host		*h;
-	struct db_pool		*pool;
-	char			msg[DB_CAUSE_MAX];
-	u_int32_t		i, k;
-	int			id;
-
-	if (r == NULL || !__atomic_load_n(&r->done, __ATOMIC_ACQUIRE))
-		return;
-	resolving = NULL;
-
-	msg[0] = '\0';
-	for (i = 0; i < r->n && i < nhosts; i++) {
-		h = &hosts[i];
-		if (r->names[i] == NULL || !h->named)
-			continue;
-		if (r->error[i] != 0) {
+		if (n == 0) {
 			(void)snprintf(msg, sizeof(msg), "%s: %s", h->host,
-			    gai_strerror(r->error[i]));
+			    gai_strerror(EAI_NONAME));
 			continue;
 		}
-		for (k = 0; k < h->naddrs; k++)
-			kore_free(h->addrs[k]);
-		for (k = 0; k < r->naddrs[i]; k++)
-			h->addrs[k] = kore_strdup(r->addrs[i][k]);
-		h->naddrs = r->naddrs[i];
+		h->naddrs = n;
+
+		kore_free(anchor->hosts[i].name);
+		anchor->hosts[i].name = kore_strdup(h->host);
+		memcpy(anchor->hosts[i].addrs, h->addrs, sizeof(h->addrs));
+		anchor->hosts[i].naddrs = n;
 	}
 	resolve_free(r);
-	reload_release();
 
 	targets_build();
 	if (msg[0] != '\0')
@@ -2087,13 +2174,44 @@ resolve_poll(void)
 	}
 }
 
+/*
+ * A resolution given up: the requests the C library has not started are
+ * cancelled. True when none is left running and r may be freed; false
+ * when one is still running: its thread may yet write into r, which is
+ * then left to it (a few hundred bytes, and only for a resolution that
+ * never reports).
+ */
+static int
+resolve_abandon(struct db_resolve *r)
+{
+	u_int32_t	i;
+	int		freeable;
+
+	freeable = 1;
+	for (i = 0; i < r->n; i++) {
+		if (r->names[i] == NULL)
+			continue;
+		if (gai_cancel(&r->cb[i]) == EAI_NOTCANCELED)
+			freeable = 0;
+	}
+
+	return (freeable);
+}
+
+/*
+ * A resolution whose requests are all done or cancelled: its results
+ * and itself.
+ */
 static void
 resolve_free(struct db_resolve *r)
 {
 	u_int32_t	i;
 
-	for (i = 0; i < r->n; i++)
+	for (i = 0; i < r->n; i++) {
+		if (r->cb[i].ar_result != NULL)
+			freeaddrinfo(r->cb[i].ar_result);
 		free(r->names[i]);
+	}
 	free(r);
 }
 

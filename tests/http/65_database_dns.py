@@ -25,13 +25,12 @@ reload then waited on it forever. Both are served, and reloaded, here."""
 import os
 import signal
 import socket
-import struct
 import sys
-import threading
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "lib"))
 from harness import (Api, DbProxy, Tap, in_netns, new_key, pg_socket,  # noqa: E402
                      quote, request, sql, sql_value, wait_until)
+from fake_dns import Resolver  # noqa: E402
 
 # The namespace's own /etc/hosts: localhost has two addresses.
 in_netns("dns", files={"hosts": "127.0.0.1 localhost\n::1 localhost\n"})
@@ -40,67 +39,6 @@ t = Tap()
 NAME = "db.idem.test"
 APP = "dns-api"
 TIMEOUT_MS = 2000
-
-
-class Resolver:
-    """A DNS server on 127.0.0.1:53 of the namespace: A queries for NAME
-    answered with self.address (a list: one A record each), held
-    unanswered (hold), or refused with SERVFAIL (fail); any other query
-    gets an empty answer."""
-
-    def __init__(self):
-        self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-        self.sock.bind(("127.0.0.1", 53))
-        self.mode = "hold"
-        self.address = ["127.0.0.1"]
-        self.queries = 0
-        self.answered = 0
-        self.held = []
-        self.lock = threading.Lock()
-        threading.Thread(target=self._serve, daemon=True).start()
-
-    def _serve(self):
-        while True:
-            data, peer = self.sock.recvfrom(512)
-            with self.lock:
-                self.queries += 1
-                if self.mode == "hold":
-                    self.held.append((data, peer))
-                    continue
-                self._answer(data, peer)
-
-    def _answer(self, query, peer):
-        qid, _, qd = struct.unpack(">HHH", query[:6])[:3]
-        end = 12
-        while query[end] != 0:
-            end += query[end] + 1
-        question = query[12:end + 5]
-        qname = []
-        i = 12
-        while query[i] != 0:
-            qname.append(query[i + 1:i + 1 + query[i]].decode())
-            i += query[i] + 1
-        qtype = struct.unpack(">H", query[end + 1:end + 3])[0]
-        flags, answers = 0x8180, b""
-        if self.mode == "fail":
-            flags = 0x8182
-        elif ".".join(qname).lower() == NAME and qtype == 1:
-            answers = b"".join(b"\xc0\x0c" + struct.pack(">HHIH", 1, 1, 0, 4)
-                               + socket.inet_aton(a) for a in self.address)
-        header = struct.pack(">HHHHHH", qid, flags, 1,
-                             len(self.address) if answers else 0, 0, 0)
-        self.sock.sendto(header + question + answers, peer)
-        self.answered += 1
-
-    def set(self, mode, address=None):
-        with self.lock:
-            self.mode = mode
-            if address:
-                self.address = [address] if isinstance(address, str) else address
-            if mode != "hold":
-                for data, peer in self.held:
-                    self._answer(data, peer)
-                self.held = []
 
 
 def url(port):
@@ -144,7 +82,7 @@ def reload_serves(api, what):
     t.eq(order(api).status, 201, f"an order is made after the reload ({what})")
 
 
-dns = Resolver()
+dns = Resolver(NAME)
 pg = DbProxy(unix=pg_socket())
 api = None
 try:
