@@ -123,14 +123,23 @@
 #define DB_WHY_UNRESOLVED	"unreachable (host name not resolved)"
 
 /*
- * TCP keepalives and tcp_user_timeout on every connection, unless the URL
- * sets its own: an idle connection to a host that vanished without a
+ * TCP keepalives and tcp_user_timeout on every connection, each unless the
+ * URL sets its own: an idle connection to a host that vanished without a
  * reset is found dead within 5 + 3 x 1 = 8 s, and a connection whose
  * sent data goes unacknowledged for 8 s is closed by the kernel.
  */
-#define DB_KEEPALIVES							\
-	"keepalives=1 keepalives_idle=5 keepalives_interval=1 "	\
-	"keepalives_count=3 tcp_user_timeout=8000"
+static const struct {
+	const char	*keyword;
+	const char	*value;
+} db_keepalives[] = {
+	{ "keepalives",		"1" },
+	{ "keepalives_idle",	"5" },
+	{ "keepalives_interval", "1" },
+	{ "keepalives_count",	"3" },
+	{ "tcp_user_timeout",	"8000" },
+};
+
+#define DB_KEEPALIVES_N		(sizeof(db_keepalives) / sizeof(db_keepalives[0]))
 
 #define CAUSE_NONE		0
 #define CAUSE_UNREACHABLE	DB_ERROR_UNAVAILABLE
@@ -1695,8 +1704,8 @@ db_tick(void *arg, u_int64_t unused)
  * - idem.public_url, the base of the type URLs of the problems the SQL
  *   saves (idem_problem()), so that they are the C's (problem.c).
  * Settings the operator gave in "options" come first; these win.
- * TCP keepalives and tcp_user_timeout (DB_KEEPALIVES) are set unless the
- * URL gives its own.
+ * TCP keepalives and tcp_user_timeout (db_keepalives) are set, each unless
+ * the URL gives its own.
  *
  * The URL's hosts (host, hostaddr and port, one list each) are kept
  * apart: each attempt connects to one address (hosts_target()), and
@@ -1709,7 +1718,9 @@ dsn_build(const char *url)
 	struct kore_buf		buf;
 	char			settings_opts[512], *err;
 	const char		*user, *host, *hostaddr, *port;
-	int			named, keepalives;
+	int			named;
+	u_int32_t		given;
+	size_t			k;
 	long			t;
 
 	err = NULL;
@@ -1730,7 +1741,8 @@ dsn_build(const char *url)
 
 	kore_buf_init(&buf, 256);
 	user = host = hostaddr = port = NULL;
-	named = keepalives = 0;
+	named = 0;
+	given = 0;
 	for (o = opts; o->keyword != NULL; o++) {
 		if (o->val == NULL || *o->val == '\0')
 			continue;
@@ -1752,9 +1764,10 @@ dsn_build(const char *url)
 		}
 		if (!strcmp(o->keyword, "application_name"))
 			named = 1;
-		if (!strncmp(o->keyword, "keepalives", 10) ||
-		    !strcmp(o->keyword, "tcp_user_timeout"))
-			keepalives = 1;
+		for (k = 0; k < DB_KEEPALIVES_N; k++) {
+			if (!strcmp(o->keyword, db_keepalives[k].keyword))
+				given |= 1 << k;
+		}
 		if (!strcmp(o->keyword, "connect_timeout")) {
 			t = strtol(o->val, NULL, 10);
 			/* libpq's own floor: 2 s. */
@@ -1772,8 +1785,12 @@ dsn_build(const char *url)
 		    DB_APPLICATION_PROVIDER);
 	}
 
-	if (!keepalives)
-		kore_buf_appendf(&buf, "%s ", DB_KEEPALIVES);
+	for (k = 0; k < DB_KEEPALIVES_N; k++) {
+		if (!(given & (1 << k))) {
+			dsn_append(&buf, db_keepalives[k].keyword,
+			    db_keepalives[k].value);
+		}
+	}
 
 	kore_buf_appendf(&buf, "options='");
 	if (user != NULL) {
