@@ -113,6 +113,7 @@ kore_parent_configure(int argc, char **argv)
 	setvbuf(stdout, NULL, _IOLBF, 0);
 
 	settings_load();
+	db_url_check();
 	metrics_init();
 	wakeup_parent_set();
 	schema_version_header();

@@ -119,6 +119,9 @@
 /* What a reload keeps: a tagged Kore allocation (as metrics.c's). */
 #define DB_ANCHOR_TAG		0x69646462
 
+/* libpq's message of an attempt's failure, kept while it walks on. */
+#define DB_WALK_MSG_MAX		256
+
 /* The pools' cause while no host name of the URL has an address. */
 #define DB_WHY_UNRESOLVED	"unreachable (host name not resolved)"
 
@@ -166,6 +169,11 @@ struct db_conn {
 	/* The target it tries, and how many it tried in this attempt. */
 	u_int32_t		target;
 	u_int32_t		walked;
+
+	/* The attempt's most telling failure so far (conn_connect_failed()). */
+	int			walk_cause;
+	char			walk_why[DB_CAUSE_MAX];
+	char			walk_msg[DB_WALK_MSG_MAX];
 	int			fresh;
 	TAILQ_ENTRY(db_conn)	list;
 };
@@ -274,6 +282,8 @@ static int	result_stale(const PGresult *);
 static int	conn_read_only(struct db_conn *);
 static int	cause_classify(const char *, char *, size_t);
 static void	dsn_build(const char *);
+static u_int32_t	list_count(const char *);
+static u_int32_t	hosts_check(const char *, const char *, const char *);
 static char	*list_item(const char *, u_int32_t);
 static char	*dup_n(const char *, size_t);
 static void	hosts_parse(const char *, const char *, const char *);
@@ -1179,10 +1189,11 @@ conn_connect_poll(struct db_conn *conn)
 /*
  * An attempt to connect failed at its target: the connection tries the
  * next one at once, until it has tried them all (each at most
- * connect_timeout). Then the pool remembers why (a refusal no retry
- * changes, or an unreachable server), tries again later, starting with
- * the next target, fails its waiting calls at once when it has no
- * connection left to serve them, and host names are resolved again.
+ * connect_timeout). Then the pool remembers why (the most telling of
+ * its failures: a refusal no retry changes, or an unreachable server),
+ * tries again later, starting with the next target, fails its waiting
+ * calls at once when it has no connection left to serve them, and host
+ * names are resolved again.
  */
 static void
 conn_connect_failed(struct db_conn *conn, const char *msg)
@@ -1192,6 +1203,18 @@ conn_connect_failed(struct db_conn *conn, const char *msg)
 	int			cause;
 
 	cause = cause_classify(msg, why, sizeof(why));
+
+	/*
+	 * The attempt's cause is its most telling failure, not its last: a
+	 * refusal no retry changes (a missing database, a wrong password)
+	 * at one address outranks another address that did not answer.
+	 */
+	if (conn->walked == 0 || (cause == CAUSE_MISCONFIGURED &&
+	    conn->walk_cause != CAUSE_MISCONFIGURED)) {
+		conn->walk_cause = cause;
+		(void)kore_strlcpy(conn->walk_why, why, sizeof(conn->walk_why));
+		(void)kore_strlcpy(conn->walk_msg, msg, sizeof(conn->walk_msg));
+	}
 
 	/* New connections start past a target that failed. */
 	if (target_good == conn->target % ntargets)
@@ -1203,6 +1226,9 @@ conn_connect_failed(struct db_conn *conn, const char *msg)
 		return;
 	}
 	conn->walked = 0;
+	cause = conn->walk_cause;
+	(void)kore_strlcpy(why, conn->walk_why, sizeof(why));
+	msg = conn->walk_msg;
 	resolve_start();
 
 	if (!pool->failing || pool->cause != cause ||
@@ -1811,6 +1837,88 @@ dsn_build(const char *url)
 }
 
 /*
+ * In the parent, before anything connects: a URL whose lists do not match
+ * refuses to start (hosts_check()).
+ */
+void
+db_url_check(void)
+{
+	PQconninfoOption	*opts, *o;
+	const char		*host, *hostaddr, *port;
+	char			*err;
+
+	err = NULL;
+	if ((opts = PQconninfoParse(settings.database_url, &err)) == NULL) {
+		fatal("IDEM_DATABASE_URL cannot be parsed: %s",
+		    err != NULL ? err : "out of memory");
+	}
+
+	host = hostaddr = port = NULL;
+	for (o = opts; o->keyword != NULL; o++) {
+		if (o->val == NULL || *o->val == '\0')
+			continue;
+		if (!strcmp(o->keyword, "host"))
+			host = o->val;
+		else if (!strcmp(o->keyword, "hostaddr"))
+			hostaddr = o->val;
+		else if (!strcmp(o->keyword, "port"))
+			port = o->val;
+	}
+	(void)hosts_check(host, hostaddr, port);
+
+	PQconninfoFree(opts);
+}
+
+/*
+ * The number of hosts of the URL's lists. As libpq: one hostaddr per
+ * host, and one port per host or one for all; refused rather than taken
+ * silently (list_item() would give every host past the list the list's
+ * last item), and so are more hosts than are used.
+ */
+static u_int32_t
+hosts_check(const char *host, const char *hostaddr, const char *port)
+{
+	u_int32_t	n;
+
+	n = list_count(host != NULL ? host : hostaddr);
+	if (hostaddr != NULL && list_count(hostaddr) != n) {
+		fatal("IDEM_DATABASE_URL: %u hostaddr values for %u hosts",
+		    list_count(hostaddr), n);
+	}
+	if (port != NULL && list_count(port) != 1 && list_count(port) != n) {
+		fatal("IDEM_DATABASE_URL: %u ports for %u hosts (give one "
+		    "port, or one per host)", list_count(port), n);
+	}
+	if (n > DB_HOSTS_MAX) {
+		fatal("IDEM_DATABASE_URL: %u hosts for at most %d", n,
+		    DB_HOSTS_MAX);
+	}
+
+	return (n);
+}
+
+/*
+ * How many elements a comma-separated list has (1 without a list).
+ */
+static u_int32_t
+list_count(const char *list)
+{
+	const char	*p;
+	u_int32_t	n;
+
+	n = 1;
+	if (list == NULL)
+		return (n);
+
+	for (p = list; *p != '\0'; p++) {
+		if (*p == ',')
+			n++;
+	}
+
+	return (n);
+}
+
+/*
  * The k-th element of a comma-separated list (the last one when the list
  * is shorter: a single port serves every host), NULL without a list.
  */
@@ -1859,18 +1967,9 @@ hosts_parse(const char *host, const char *hostaddr, const char *port)
 	struct db_host		*h;
 	struct in6_addr		a6;
 	struct in_addr		a4;
-	const char		*p;
 	u_int32_t		n, i;
 
-	n = 1;
-	if (host != NULL) {
-		for (p = host; *p != '\0'; p++) {
-			if (*p == ',')
-				n++;
-		}
-	}
-	if (n > DB_HOSTS_MAX)
-		n = DB_HOSTS_MAX;
+	n = hosts_check(host, hostaddr, port);
 
 	for (i = 0; i < n; i++) {
 		h = &hosts[i];
