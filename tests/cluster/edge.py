@@ -5,8 +5,9 @@ key or a token, a second key or token past the 23rd header line, a body
 on a GET, DELETE or OPTIONS, which Kore took for the next request: a
 smuggled POST, at its 4 KiB read and past it) or answer bare (no
 Content-Length, a body over the limit, an empty header, a tab, a method
-it does not serve or one in lower case, no Host or two, an HTTP/2
-request without :authority) is refused before any instance
+it does not serve or one in lower case, no Host or two, a header name
+that starts with "host", an HTTP/2 request without :authority) is
+refused before any instance
 sees it, with a problem+json body; nothing of it reaches the database. A
 client next to a smuggler never gets the smuggler's answer. Over HTTP/2
 a refusal reaches curl whole while it still sends its body (it exited
@@ -177,7 +178,10 @@ for tls in (False, True):
             ("HTTP/1.0 without Host", b"GET /healthz HTTP/1.0\r\n\r\n"),
             ("absolute-form without Host",
              b"GET http://127.0.0.1/healthz HTTP/1.1\r\nConnection: close\r\n\r\n"),
-            ("an order without Host", order(key("nohost")).replace(b"Host: 127.0.0.1\r\n", b""))]:
+            ("an order without Host", order(key("nohost")).replace(b"Host: 127.0.0.1\r\n", b"")),
+            # Kore takes the first name starting with "host" for the Host.
+            ("a Hostile header before Host", order(key("hostile")).replace(
+                b"Host: 127.0.0.1\r\n", b"Hostile: evil\r\nHost: 127.0.0.1\r\n"))]:
         problem(send(raw, tls), 400, "invalid-request", f"{via}: {what}")
     # Two Hosts: haproxy keeps one of two equal ones, and refuses two that
     # differ itself (closed without an answer, as two Content-Lengths).
@@ -188,6 +192,9 @@ for tls in (False, True):
                            b"Connection: close\r\n\r\n", tls)
     t.ok(st == 0 and body == b"", f"{via}: two Hosts that differ: closed without an answer",
          f"{st} {hd} {body[:200]!r}")
+    st, hd, body, _ = send(b"GET /healthz HTTP/1.1\r\nX-Host: x\r\nHost: 127.0.0.1\r\n"
+                           b"Connection: close\r\n\r\n", tls)
+    t.eq(st, 200, f"{via}: an X-Host header is only a header: served")
 
     # Smuggling: a POST in the body of a GET, DELETE or OPTIONS, starting at
     # Kore's 4 KiB read, across it, and past it. The edge refuses the body.
