@@ -16,8 +16,9 @@ allocation). In a network namespace of its own (harness.in_netns) with a
 resolver on its loopback, the verdicts are conditions: the worker
 reloads while its query is still held (or while the resolver fails
 slowly), a static request is served after, the query answered after the
-reload is used; and after a reload while the resolver fails, an order is
-made at the address the name had."""
+reload is used; after a reload while the resolver fails, an order is
+made at the address the name had; and a resolution held past its bound
+is given up and the name asked again."""
 
 import os
 import signal
@@ -63,9 +64,9 @@ def reloads(api):
     return api.read_log().count("reloaded '")
 
 
-def start(name):
+def start(name, **env):
     api = Api(name=name, conf_extra=["workers 1", "pgsql_conn_max 4"],
-              IDEM_DB_TIMEOUT_MS=TIMEOUT_MS)
+              IDEM_DB_TIMEOUT_MS=TIMEOUT_MS, **env)
     api.env["IDEM_DATABASE_URL"] = url(pg.port)
     super(Api, api).start(lambda: True)
     wait_until(lambda: "worker 1 started" in api.read_log(),
@@ -137,6 +138,27 @@ try:
          "(the address the name had)")
     t.ok(up(api), "/healthz 200 after that reload", repr(healthz(api)))
     t.eq(api.workers(), workers, "no worker died or was replaced (outage)")
+    api.stop()
+
+    # 4. A resolution that never reports (a resolver thread killed, say)
+    # is given up at its bound and the names asked again: here the bound
+    # is shortened (the dev build's IDEM_TEST_RESOLVE_GIVE_UP_MS) below
+    # the C library's own 30 s (resolv.conf of the namespace), and the
+    # resolver holds every query.
+    dns.set("hold")
+    asked, answered = dns.queries, dns.answered
+    api = start("dnsr-stuck", IDEM_TEST_RESOLVE_GIVE_UP_MS="1500")
+    wait_until(lambda: dns.queries > asked, "the worker's first query")
+    wait_until(lambda: "has not reported in 1500 ms" in api.read_log(),
+               "the worker to give the held resolution up")
+    first = dns.queries
+    wait_until(lambda: dns.queries > first,
+               "a new resolution while the first is still held")
+    t.ok(dns.answered == answered, "a resolution still held was given up and "
+         "the name asked again", f"resolver answered {dns.answered - answered}")
+    dns.set("answer")
+    wait_until(lambda: up(api), "/healthz 200 once the resolver answers")
+    t.eq(order(api).status, 201, "an order is made after a resolution was given up")
 finally:
     dns.set("answer")
     if api is not None:
