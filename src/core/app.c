@@ -6,6 +6,7 @@
 
 #include <sys/types.h>
 #include <sys/prctl.h>
+#include <sys/socket.h>
 
 #include <stdio.h>
 
@@ -37,11 +38,17 @@
  * GSSAPI probe, libcurl's getpeername(), shutdown(), which libcurl may
  * use on a connection it drops, getppid() and prctl(PR_SET_PDEATHSIG)
  * (a worker whose parent died stops: wakeup.c), and the C library's DNS
- * resolver in the database layer's resolver thread (db.c): uname(),
- * sendmmsg() of its queries. Kore's filter kills the offending thread
- * alone (SECCOMP_RET_KILL): a resolver thread killed so would leave its
- * name unresolved and the worker waiting, so tests/http/65_database_dns.py
- * runs real DNS under the filter.
+ * resolver, run by getaddrinfo_a()'s threads for the database layer
+ * (db.c): clone3() and rseq() of the threads, uname(), sendmmsg() of its
+ * queries and, for a name with more than one address, their RFC 6724
+ * sort: the interfaces' addresses read over a netlink socket (socket()
+ * for AF_NETLINK only, bind(), recvmsg(); sendto() and getsockname() are
+ * Kore's) and a UDP socket connect()ed to each address (Kore's pgsql
+ * filter allows those). Kore's filter kills the offending thread alone
+ * (SECCOMP_RET_KILL): a resolver thread killed so would leave its name
+ * unresolved until db.c gives the resolution up (DB_RESOLVE_STUCK_MS),
+ * so tests/http/65_database_dns.py runs real DNS under the filter, with
+ * one address, two, and /etc/hosts' localhost (::1 and 127.0.0.1).
  */
 #define APP_SYSCALLS							\
 	KORE_SYSCALL_ALLOW(shutdown),					\
@@ -53,6 +60,9 @@
 	KORE_SYSCALL_ALLOW(getppid),					\
 	KORE_SYSCALL_ALLOW(uname),					\
 	KORE_SYSCALL_ALLOW(sendmmsg),					\
+	KORE_SYSCALL_ALLOW_ARG(socket, 0, AF_NETLINK),			\
+	KORE_SYSCALL_ALLOW(bind),					\
+	KORE_SYSCALL_ALLOW(recvmsg),					\
 	KORE_SYSCALL_ALLOW_ARG(prctl, 0, PR_SET_PDEATHSIG)
 
 #if defined(IDEM_SANITIZE)
@@ -103,6 +113,7 @@ kore_parent_configure(int argc, char **argv)
 	setvbuf(stdout, NULL, _IOLBF, 0);
 
 	settings_load();
+	db_url_check();
 	metrics_init();
 	wakeup_parent_set();
 	schema_version_header();

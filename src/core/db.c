@@ -48,10 +48,11 @@
 #include <arpa/inet.h>
 
 #include <netdb.h>
-#include <pthread.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "db.h"
 #include "metrics.h"
@@ -107,18 +108,44 @@
 /* Host names are resolved again at most this often. */
 #define DB_RESOLVE_MS		1000
 
+/*
+ * A resolution still in flight after this long is forgotten and the names
+ * asked again: the C library bounds its own (resolv.conf's timeout x
+ * attempts per name server and query), far below this, so only a
+ * resolution that will never report (its thread gone) gets here.
+ */
+#define DB_RESOLVE_STUCK_MS	(10 * 60 * 1000)
+
+/* The dev build's tests shorten it (a resolution held past the bound). */
+#define DB_RESOLVE_STUCK_ENV	"IDEM_TEST_RESOLVE_GIVE_UP_MS"
+
+/* What a reload keeps: a tagged Kore allocation (as metrics.c's). */
+#define DB_ANCHOR_TAG		0x69646462
+
+/* libpq's message of an attempt's failure, kept while it walks on. */
+#define DB_WALK_MSG_MAX		256
+
 /* The pools' cause while no host name of the URL has an address. */
 #define DB_WHY_UNRESOLVED	"unreachable (host name not resolved)"
 
 /*
- * TCP keepalives and tcp_user_timeout on every connection, unless the URL
- * sets its own: an idle connection to a host that vanished without a
+ * TCP keepalives and tcp_user_timeout on every connection, each unless the
+ * URL sets its own: an idle connection to a host that vanished without a
  * reset is found dead within 5 + 3 x 1 = 8 s, and a connection whose
  * sent data goes unacknowledged for 8 s is closed by the kernel.
  */
-#define DB_KEEPALIVES							\
-	"keepalives=1 keepalives_idle=5 keepalives_interval=1 "	\
-	"keepalives_count=3 tcp_user_timeout=8000"
+static const struct {
+	const char	*keyword;
+	const char	*value;
+} db_keepalives[] = {
+	{ "keepalives",		"1" },
+	{ "keepalives_idle",	"5" },
+	{ "keepalives_interval", "1" },
+	{ "keepalives_count",	"3" },
+	{ "tcp_user_timeout",	"8000" },
+};
+
+#define DB_KEEPALIVES_N		(sizeof(db_keepalives) / sizeof(db_keepalives[0]))
 
 #define CAUSE_NONE		0
 #define CAUSE_UNREACHABLE	DB_ERROR_UNAVAILABLE
@@ -145,6 +172,11 @@ struct db_conn {
 	/* The target it tries, and how many it tried in this attempt. */
 	u_int32_t		target;
 	u_int32_t		walked;
+
+	/* The attempt's most telling failure so far (conn_connect_failed()). */
+	int			walk_cause;
+	char			walk_why[DB_CAUSE_MAX];
+	char			walk_msg[DB_WALK_MSG_MAX];
 	int			fresh;
 	TAILQ_ENTRY(db_conn)	list;
 };
@@ -155,7 +187,7 @@ struct db_host {
 	char			*hostaddr;
 	char			*port;
 	int			named;
-	char			*addrs[DB_ADDRS_MAX];
+	char			addrs[DB_ADDRS_MAX][INET6_ADDRSTRLEN];
 	u_int32_t		naddrs;
 };
 
@@ -165,15 +197,39 @@ struct db_target {
 	const char		*addr;
 };
 
-/* A resolution in flight: the resolver thread's own memory. */
+/*
+ * A resolution in flight (getaddrinfo_a()): the C library's threads write
+ * into it until each request is done, so it is the C library's memory,
+ * never freed while a request may still be written, and it outlives a
+ * reload (db_anchor).
+ */
 struct db_resolve {
-	int			done;
 	u_int32_t		n;
+	u_int64_t		started;
+	struct addrinfo		hints;
+	struct sigevent		sev;
 	char			*names[DB_HOSTS_MAX];
-	int			error[DB_HOSTS_MAX];
-	u_int32_t		naddrs[DB_HOSTS_MAX];
-	char			addrs[DB_HOSTS_MAX][DB_ADDRS_MAX]
-				    [INET6_ADDRSTRLEN];
+	struct gaicb		cb[DB_HOSTS_MAX];
+	struct gaicb		*list[DB_HOSTS_MAX];
+};
+
+/*
+ * What a reload of the module keeps (its statics are gone, Kore's memory
+ * stays): the resolution in flight, and the addresses each host name had
+ * at its last successful resolution, so that a reload during a DNS outage
+ * does not forget them. Checked against the build's layout (size) and
+ * the process (a worker's own, never inherited).
+ */
+struct db_anchor {
+	u_int32_t		size;
+	u_int32_t		resolve_size;
+	pid_t			pid;
+	struct db_resolve	*resolving;
+	struct {
+		char		*name;
+		u_int32_t	naddrs;
+		char		addrs[DB_ADDRS_MAX][INET6_ADDRSTRLEN];
+	} hosts[DB_HOSTS_MAX];
 };
 
 TAILQ_HEAD(db_conn_list, db_conn);
@@ -229,15 +285,18 @@ static int	result_stale(const PGresult *);
 static int	conn_read_only(struct db_conn *);
 static int	cause_classify(const char *, char *, size_t);
 static void	dsn_build(const char *);
+static u_int32_t	list_count(const char *);
+static u_int32_t	hosts_check(const char *, const char *, const char *);
 static char	*list_item(const char *, u_int32_t);
 static char	*dup_n(const char *, size_t);
 static void	hosts_parse(const char *, const char *, const char *);
 static void	hosts_free(void);
 static void	targets_build(void);
 static char	*target_dsn(u_int32_t);
+static void	anchor_attach(void);
 static void	resolve_start(void);
-static void	*resolve_thread(void *);
 static void	resolve_poll(void);
+static int	resolve_abandon(struct db_resolve *);
 static void	resolve_free(struct db_resolve *);
 static void	dsn_append(struct kore_buf *, const char *, const char *);
 static void	options_append(struct kore_buf *, const char *);
@@ -251,8 +310,9 @@ static u_int32_t		names = 0;
 static struct db_target		targets[DB_TARGETS_MAX];
 static u_int32_t		ntargets = 0;
 static u_int32_t		target_good = 0;
-static struct db_resolve	*resolving = NULL;
+static struct db_anchor		*anchor = NULL;
 static u_int64_t		resolve_at = 0;
+static u_int64_t		resolve_stuck_ms = DB_RESOLVE_STUCK_MS;
 static u_int32_t		connect_timeout_ms = DB_CONNECT_TIMEOUT_MS;
 static char			*statements[DB_STATEMENTS_MAX];
 static int			nstatements = 0;
@@ -275,6 +335,10 @@ db_register(void)
 {
 	if (dsn_base == NULL)
 		dsn_build(settings.database_url);
+
+	/* Only a worker resolves: the parent's threads do not fork. */
+	if (worker != NULL && anchor == NULL)
+		anchor_attach();
 }
 
 /*
@@ -343,10 +407,10 @@ db_unload(void)
 	}
 
 	/*
-	 * A resolution still in flight (a worker that stops: a reload waits
-	 * for it) is left to its thread.
+	 * A resolution still in flight stays in the anchor, in the C
+	 * library's hands: the reloaded image polls it (anchor_attach()).
 	 */
-	resolving = NULL;
+	anchor = NULL;
 	resolve_at = 0;
 	hosts_free();
 
@@ -1157,10 +1221,11 @@ conn_connect_poll(struct db_conn *conn)
 /*
  * An attempt to connect failed at its target: the connection tries the
  * next one at once, until it has tried them all (each at most
- * connect_timeout). Then the pool remembers why (a refusal no retry
- * changes, or an unreachable server), tries again later, starting with
- * the next target, fails its waiting calls at once when it has no
- * connection left to serve them, and host names are resolved again.
+ * connect_timeout). Then the pool remembers why (the most telling of
+ * its failures: a refusal no retry changes, or an unreachable server),
+ * tries again later, starting with the next target, fails its waiting
+ * calls at once when it has no connection left to serve them, and host
+ * names are resolved again.
  */
 static void
 conn_connect_failed(struct db_conn *conn, const char *msg)
@@ -1170,6 +1235,18 @@ conn_connect_failed(struct db_conn *conn, const char *msg)
 	int			cause;
 
 	cause = cause_classify(msg, why, sizeof(why));
+
+	/*
+	 * The attempt's cause is its most telling failure, not its last: a
+	 * refusal no retry changes (a missing database, a wrong password)
+	 * at one address outranks another address that did not answer.
+	 */
+	if (conn->walked == 0 || (cause == CAUSE_MISCONFIGURED &&
+	    conn->walk_cause != CAUSE_MISCONFIGURED)) {
+		conn->walk_cause = cause;
+		(void)kore_strlcpy(conn->walk_why, why, sizeof(conn->walk_why));
+		(void)kore_strlcpy(conn->walk_msg, msg, sizeof(conn->walk_msg));
+	}
 
 	/* New connections start past a target that failed. */
 	if (target_good == conn->target % ntargets)
@@ -1181,6 +1258,9 @@ conn_connect_failed(struct db_conn *conn, const char *msg)
 		return;
 	}
 	conn->walked = 0;
+	cause = conn->walk_cause;
+	(void)kore_strlcpy(why, conn->walk_why, sizeof(why));
+	msg = conn->walk_msg;
 	resolve_start();
 
 	if (!pool->failing || pool->cause != cause ||
@@ -1682,8 +1762,8 @@ db_tick(void *arg, u_int64_t unused)
  * - idem.public_url, the base of the type URLs of the problems the SQL
  *   saves (idem_problem()), so that they are the C's (problem.c).
  * Settings the operator gave in "options" come first; these win.
- * TCP keepalives and tcp_user_timeout (DB_KEEPALIVES) are set unless the
- * URL gives its own.
+ * TCP keepalives and tcp_user_timeout (db_keepalives) are set, each unless
+ * the URL gives its own.
  *
  * The URL's hosts (host, hostaddr and port, one list each) are kept
  * apart: each attempt connects to one address (hosts_target()), and
@@ -1696,7 +1776,9 @@ dsn_build(const char *url)
 	struct kore_buf		buf;
 	char			settings_opts[512], *err;
 	const char		*user, *host, *hostaddr, *port;
-	int			named, keepalives;
+	int			named;
+	u_int32_t		given;
+	size_t			k;
 	long			t;
 
 	err = NULL;
@@ -1717,7 +1799,8 @@ dsn_build(const char *url)
 
 	kore_buf_init(&buf, 256);
 	user = host = hostaddr = port = NULL;
-	named = keepalives = 0;
+	named = 0;
+	given = 0;
 	for (o = opts; o->keyword != NULL; o++) {
 		if (o->val == NULL || *o->val == '\0')
 			continue;
@@ -1739,9 +1822,10 @@ dsn_build(const char *url)
 		}
 		if (!strcmp(o->keyword, "application_name"))
 			named = 1;
-		if (!strncmp(o->keyword, "keepalives", 10) ||
-		    !strcmp(o->keyword, "tcp_user_timeout"))
-			keepalives = 1;
+		for (k = 0; k < DB_KEEPALIVES_N; k++) {
+			if (!strcmp(o->keyword, db_keepalives[k].keyword))
+				given |= 1 << k;
+		}
 		if (!strcmp(o->keyword, "connect_timeout")) {
 			t = strtol(o->val, NULL, 10);
 			/* libpq's own floor: 2 s. */
@@ -1759,8 +1843,12 @@ dsn_build(const char *url)
 		    DB_APPLICATION_PROVIDER);
 	}
 
-	if (!keepalives)
-		kore_buf_appendf(&buf, "%s ", DB_KEEPALIVES);
+	for (k = 0; k < DB_KEEPALIVES_N; k++) {
+		if (!(given & (1 << k))) {
+			dsn_append(&buf, db_keepalives[k].keyword,
+			    db_keepalives[k].value);
+		}
+	}
 
 	kore_buf_appendf(&buf, "options='");
 	if (user != NULL) {
@@ -1778,6 +1866,88 @@ dsn_build(const char *url)
 	targets_build();
 
 	PQconninfoFree(opts);
+}
+
+/*
+ * In the parent, before anything connects: a URL whose lists do not match
+ * refuses to start (hosts_check()).
+ */
+void
+db_url_check(void)
+{
+	PQconninfoOption	*opts, *o;
+	const char		*host, *hostaddr, *port;
+	char			*err;
+
+	err = NULL;
+	if ((opts = PQconninfoParse(settings.database_url, &err)) == NULL) {
+		fatal("IDEM_DATABASE_URL cannot be parsed: %s",
+		    err != NULL ? err : "out of memory");
+	}
+
+	host = hostaddr = port = NULL;
+	for (o = opts; o->keyword != NULL; o++) {
+		if (o->val == NULL || *o->val == '\0')
+			continue;
+		if (!strcmp(o->keyword, "host"))
+			host = o->val;
+		else if (!strcmp(o->keyword, "hostaddr"))
+			hostaddr = o->val;
+		else if (!strcmp(o->keyword, "port"))
+			port = o->val;
+	}
+	(void)hosts_check(host, hostaddr, port);
+
+	PQconninfoFree(opts);
+}
+
+/*
+ * The number of hosts of the URL's lists. As libpq: one hostaddr per
+ * host, and one port per host or one for all; refused rather than taken
+ * silently (list_item() would give every host past the list the list's
+ * last item), and so are more hosts than are used.
+ */
+static u_int32_t
+hosts_check(const char *host, const char *hostaddr, const char *port)
+{
+	u_int32_t	n;
+
+	n = list_count(host != NULL ? host : hostaddr);
+	if (hostaddr != NULL && list_count(hostaddr) != n) {
+		fatal("IDEM_DATABASE_URL: %u hostaddr values for %u hosts",
+		    list_count(hostaddr), n);
+	}
+	if (port != NULL && list_count(port) != 1 && list_count(port) != n) {
+		fatal("IDEM_DATABASE_URL: %u ports for %u hosts (give one "
+		    "port, or one per host)", list_count(port), n);
+	}
+	if (n > DB_HOSTS_MAX) {
+		fatal("IDEM_DATABASE_URL: %u hosts for at most %d", n,
+		    DB_HOSTS_MAX);
+	}
+
+	return (n);
+}
+
+/*
+ * How many elements a comma-separated list has (1 without a list).
+ */
+static u_int32_t
+list_count(const char *list)
+{
+	const char	*p;
+	u_int32_t	n;
+
+	n = 1;
+	if (list == NULL)
+		return (n);
+
+	for (p = list; *p != '\0'; p++) {
+		if (*p == ',')
+			n++;
+	}
+
+	return (n);
 }
 
 /*
@@ -1829,18 +1999,9 @@ hosts_parse(const char *host, const char *hostaddr, const char *port)
 	struct db_host		*h;
 	struct in6_addr		a6;
 	struct in_addr		a4;
-	const char		*p;
 	u_int32_t		n, i;
 
-	n = 1;
-	if (host != NULL) {
-		for (p = host; *p != '\0'; p++) {
-			if (*p == ',')
-				n++;
-		}
-	}
-	if (n > DB_HOSTS_MAX)
-		n = DB_HOSTS_MAX;
+	n = hosts_check(host, hostaddr, port);
 
 	for (i = 0; i < n; i++) {
 		h = &hosts[i];
@@ -1928,15 +2089,13 @@ static void
 hosts_free(void)
 {
 	struct db_host		*h;
-	u_int32_t		i, k;
+	u_int32_t		i;
 
 	for (i = 0; i < nhosts; i++) {
 		h = &hosts[i];
 		kore_free(h->host);
 		kore_free(h->hostaddr);
 		kore_free(h->port);
-		for (k = 0; k < h->naddrs; k++)
-			kore_free(h->addrs[k]);
 		memset(h, 0, sizeof(*h));
 	}
 	nhosts = 0;
@@ -1948,27 +2107,74 @@ hosts_free(void)
 }
 
 /*
- * Resolves the URL's host names in a thread of its own, off the event
- * loop: getaddrinfo() waits on the resolver as long as resolv.conf lets
- * it, and the worker meanwhile serves everything else. The worker looks
- * for the answer from db_tick(). One resolution at a time, started at
- * most every DB_RESOLVE_MS: when the worker starts, while no name has an
- * address, and when a connection failed at every address it had.
- *
- * The thread shares nothing with the worker but its own struct, handed
- * back by its done flag; it allocates with the C library, not Kore's
- * pools. A reload waits for it (reload_hold()): its code is the module's.
+ * The anchor this worker's earlier images left (a reload), or a new one.
+ * Each host name takes the addresses it had, if the URL still names it
+ * at that place. An anchor of a build laid out otherwise, or inherited
+ * from another process, is left as it is (its resolution may still be
+ * written by the C library) and a new one made.
+ */
+static void
+anchor_attach(void)
+{
+	struct db_anchor	*a;
+	struct db_host		*h;
+	u_int32_t		i;
+#if defined(DEV_ROUTES)
+	const char		*env;
+
+	if ((env = getenv(DB_RESOLVE_STUCK_ENV)) != NULL &&
+	    strtoull(env, NULL, 10) > 0)
+		resolve_stuck_ms = strtoull(env, NULL, 10);
+#endif
+
+	a = kore_mem_lookup(DB_ANCHOR_TAG);
+	if (a != NULL && (a->size != sizeof(*a) ||
+	    a->resolve_size != sizeof(struct db_resolve) ||
+	    a->pid != getpid())) {
+		kore_mem_untag(a);
+		a = NULL;
+	}
+
+	if (a == NULL) {
+		a = kore_malloc_tagged(sizeof(*a), DB_ANCHOR_TAG);
+		memset(a, 0, sizeof(*a));
+		a->size = sizeof(*a);
+		a->resolve_size = sizeof(struct db_resolve);
+		a->pid = getpid();
+	}
+	anchor = a;
+
+	for (i = 0; i < nhosts; i++) {
+		h = &hosts[i];
+		if (!h->named || a->hosts[i].name == NULL ||
+		    strcmp(a->hosts[i].name, h->host))
+			continue;
+		memcpy(h->addrs, a->hosts[i].addrs, sizeof(h->addrs));
+		h->naddrs = a->hosts[i].naddrs;
+	}
+	targets_build();
+}
+
+/*
+ * Resolves the URL's host names off the event loop, with the C library's
+ * asynchronous getaddrinfo_a(): its own threads run getaddrinfo() (the C
+ * library's code, not the module's: a reload may unload the module while
+ * they run) and the worker looks for the answer from db_tick(), with
+ * gai_error(). One resolution at a time, started at most every
+ * DB_RESOLVE_MS: when the worker starts, while no name has an address,
+ * and when a connection failed at every address it had. A reload does
+ * not wait for it: the resolution stays in the anchor and the new image
+ * polls it.
  */
 static void
 resolve_start(void)
 {
 	struct db_resolve	*r;
-	pthread_attr_t		attr;
-	pthread_t		tid;
-	u_int32_t		i;
+	u_int32_t		i, n;
 	int			err;
 
-	if (resolving != NULL || names == 0 || kore_time_ms() < resolve_at)
+	if (anchor == NULL || anchor->resolving != NULL || names == 0 ||
+	    kore_time_ms() < resolve_at)
 		return;
 
 	resolve_at = kore_time_ms() + DB_RESOLVE_MS;
@@ -1976,50 +2182,94 @@ resolve_start(void)
 	if ((r = calloc(1, sizeof(*r))) == NULL)
 		fatal("%s: out of memory", __func__);
 	r->n = nhosts;
+	r->started = kore_time_ms();
+	r->hints.ai_family = AF_UNSPEC;
+	r->hints.ai_socktype = SOCK_STREAM;
+	r->sev.sigev_notify = SIGEV_NONE;
+
+	n = 0;
 	for (i = 0; i < nhosts; i++) {
 		if (!hosts[i].named)
 			continue;
 		if ((r->names[i] = strdup(hosts[i].host)) == NULL)
 			fatal("%s: out of memory", __func__);
+		r->cb[i].ar_name = r->names[i];
+		r->cb[i].ar_request = &r->hints;
+		r->list[n++] = &r->cb[i];
 	}
 
-	(void)pthread_attr_init(&attr);
-	(void)pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
-	err = pthread_create(&tid, &attr, resolve_thread, r);
-	(void)pthread_attr_destroy(&attr);
-	if (err != 0) {
+	if ((err = getaddrinfo_a(GAI_NOWAIT, r->list, (int)n,
+	    &r->sev)) != 0) {
+		/*
+		 * EAI_AGAIN or EAI_MEMORY: none of them was queued (the C
+		 * library takes them all or none). Tried again later.
+		 */
 		kore_log(LOG_ERR, "cannot start the database host name "
-		    "resolver: %s", strerror(err));
+		    "resolution: %s", gai_strerror(err));
 		resolve_free(r);
 		return;
 	}
 
-	resolving = r;
-	reload_hold();
+	anchor->resolving = r;
 }
 
-static void *
-resolve_thread(void *arg)
+/*
+ * From db_tick(): the resolution's answer, once all its names are in. A
+ * name that resolved takes its new addresses (kept in the anchor too);
+ * one that did not keeps those it had. With no address at all, every
+ * pool fails its waiting calls and says why.
+ */
+static void
+resolve_poll(void)
 {
-	struct db_resolve	*r = arg;
-	struct addrinfo		hints, *res, *ai;
+	struct db_resolve	*r;
+	struct db_host		*h;
+	struct db_pool		*pool;
+	struct addrinfo		*ai;
 	const void		*src;
-	char			addr[INET6_ADDRSTRLEN];
+	char			msg[DB_CAUSE_MAX], addr[INET6_ADDRSTRLEN];
 	u_int32_t		i, k, n;
-	int			dup;
+	int			id, err, dup;
 
-	memset(&hints, 0, sizeof(hints));
-	hints.ai_family = AF_UNSPEC;
-	hints.ai_socktype = SOCK_STREAM;
+	if (anchor == NULL || (r = anchor->resolving) == NULL)
+		return;
 
 	for (i = 0; i < r->n; i++) {
-		if (r->names[i] == NULL)
+		if (r->names[i] != NULL &&
+		    gai_error(&r->cb[i]) == EAI_INPROGRESS)
+			break;
+	}
+	if (i < r->n) {
+		if (kore_time_ms() - r->started < resolve_stuck_ms)
+			return;
+		kore_log(LOG_ERR, "the database host name resolution has not "
+		    "reported in %llu ms: asked again",
+		    (unsigned long long)resolve_stuck_ms);
+		anchor->resolving = NULL;
+		if (resolve_abandon(r))
+			resolve_free(r);
+		return;
+	}
+	anchor->resolving = NULL;
+
+	/* The C library's thread wrote the result before its status. */
+	__atomic_thread_fence(__ATOMIC_ACQUIRE);
+
+	msg[0] = '\0';
+	for (i = 0; i < r->n && i < nhosts; i++) {
+		h = &hosts[i];
+		if (r->names[i] == NULL || !h->named ||
+		    strcmp(r->names[i], h->host))
 			continue;
-		if ((r->error[i] = getaddrinfo(r->names[i], NULL, &hints,
-		    &res)) != 0)
+		if ((err = gai_error(&r->cb[i])) != 0) {
+			(void)snprintf(msg, sizeof(msg), "%s: %s", h->host,
+			    gai_strerror(err));
 			continue;
+		}
+
 		n = 0;
-		for (ai = res; ai != NULL && n < DB_ADDRS_MAX; ai = ai->ai_next) {
+		for (ai = r->cb[i].ar_result; ai != NULL && n < DB_ADDRS_MAX;
+		    ai = ai->ai_next) {
 			if (ai->ai_family == AF_INET) {
 				src = &((struct sockaddr_in *)
 				    (void *)ai->ai_addr)->sin_addr;
@@ -2034,63 +2284,28 @@ resolve_thread(void *arg)
 				continue;
 			dup = 0;
 			for (k = 0; k < n; k++) {
-				if (!strcmp(r->addrs[i][k], addr))
+				if (!strcmp(h->addrs[k], addr))
 					dup = 1;
 			}
 			if (dup)
 				continue;
-			(void)snprintf(r->addrs[i][n], sizeof(r->addrs[i][n]),
-			    "%s", addr);
+			(void)kore_strlcpy(h->addrs[n], addr,
+			    sizeof(h->addrs[n]));
 			n++;
 		}
-		r->naddrs[i] = n;
-		freeaddrinfo(res);
-		if (n == 0)
-			r->error[i] = EAI_NONAME;
-	}
-
-	__atomic_store_n(&r->done, 1, __ATOMIC_RELEASE);
-
-	return (NULL);
-}
-
-/*
- * From db_tick(): the resolution's answer, once in. A name that resolved
- * takes its new addresses; one that did not keeps those it had. With no
- * address at all, every pool fails its waiting calls and says why.
- */
-static void
-resolve_poll(void)
-{
-	struct db_resolve	*r = resolving;
-	struct db_host		*h;
-	struct db_pool		*pool;
-	char			msg[DB_CAUSE_MAX];
-	u_int32_t		i, k;
-	int			id;
-
-	if (r == NULL || !__atomic_load_n(&r->done, __ATOMIC_ACQUIRE))
-		return;
-	resolving = NULL;
-
-	msg[0] = '\0';
-	for (i = 0; i < r->n && i < nhosts; i++) {
-		h = &hosts[i];
-		if (r->names[i] == NULL || !h->named)
-			continue;
-		if (r->error[i] != 0) {
+		if (n == 0) {
 			(void)snprintf(msg, sizeof(msg), "%s: %s", h->host,
-			    gai_strerror(r->error[i]));
+			    gai_strerror(EAI_NONAME));
 			continue;
 		}
-		for (k = 0; k < h->naddrs; k++)
-			kore_free(h->addrs[k]);
-		for (k = 0; k < r->naddrs[i]; k++)
-			h->addrs[k] = kore_strdup(r->addrs[i][k]);
-		h->naddrs = r->naddrs[i];
+		h->naddrs = n;
+
+		kore_free(anchor->hosts[i].name);
+		anchor->hosts[i].name = kore_strdup(h->host);
+		memcpy(anchor->hosts[i].addrs, h->addrs, sizeof(h->addrs));
+		anchor->hosts[i].naddrs = n;
 	}
 	resolve_free(r);
-	reload_release();
 
 	targets_build();
 	if (msg[0] != '\0')
@@ -2115,13 +2330,44 @@ resolve_poll(void)
 	}
 }
 
+/*
+ * A resolution given up: the requests the C library has not started are
+ * cancelled. True when none is left running and r may be freed; false
+ * when one is still running: its thread may yet write into r, which is
+ * then left to it (a few hundred bytes, and only for a resolution that
+ * never reports).
+ */
+static int
+resolve_abandon(struct db_resolve *r)
+{
+	u_int32_t	i;
+	int		freeable;
+
+	freeable = 1;
+	for (i = 0; i < r->n; i++) {
+		if (r->names[i] == NULL)
+			continue;
+		if (gai_cancel(&r->cb[i]) == EAI_NOTCANCELED)
+			freeable = 0;
+	}
+
+	return (freeable);
+}
+
+/*
+ * A resolution whose requests are all done or cancelled: its results
+ * and itself.
+ */
 static void
 resolve_free(struct db_resolve *r)
 {
 	u_int32_t	i;
 
-	for (i = 0; i < r->n; i++)
+	for (i = 0; i < r->n; i++) {
+		if (r->cb[i].ar_result != NULL)
+			freeaddrinfo(r->cb[i].ar_result);
 		free(r->names[i]);
+	}
 	free(r);
 }
 

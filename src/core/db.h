@@ -100,6 +100,7 @@ struct db_call {
 };
 
 void		db_register(void);
+void		db_url_check(void);
 void		db_pool_open(int, u_int16_t);
 void		db_unload(void);
 int		db_pool_cause(int, char *, size_t);

@@ -2,7 +2,7 @@
 the instances behind it (Kore 4.1): a seeded, reproducible generator of
 malformed and borderline requests (methods as sent, bodies on every
 method, lengths that lie, two lengths, chunked framing, pipelining,
-folded and empty headers, control bytes and bytes past ASCII, header
+folded and empty headers, no Host, control bytes and bytes past ASCII, header
 counts and sizes, requests smuggled in a body around and past Kore's
 4 KiB read, HTTP/1.1 plain and over TLS, HTTP/2 through TLS with curl),
 sent through the edge. The verdict reads no answer; it compares the two
@@ -92,7 +92,8 @@ class Case:
                                        b"/v1/orders?" + b"p" * 1000, b"/v1/orders%00x",
                                        b"/v1/orders?q=\xc3\xa9"])
         version = self.pick(rng, "version", [b"HTTP/1.1"] * 8 + [b"HTTP/1.0", b"HTTP/1.2"])
-        hs = [(b"Host", b"127.0.0.1")]
+        host = self.pick(rng, "host", [b"127.0.0.1"] * 9 + [None])
+        hs = [(b"Host", host)] if host is not None else []
         auth = self.pick(rng, "auth", [b"Bearer dev-shop-1"] * 5 + [
             None, b"", b"Bearer dev-shop-1\x00x", b"Bearer\tdev-shop-1", b"Bearer nope",
             b"Bearer dev-shop-1\xff"])

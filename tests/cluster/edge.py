@@ -5,11 +5,14 @@ key or a token, a second key or token past the 23rd header line, a body
 on a GET, DELETE or OPTIONS, which Kore took for the next request: a
 smuggled POST, at its 4 KiB read and past it) or answer bare (no
 Content-Length, a body over the limit, an empty header, a tab, a method
-it does not serve or one in lower case) is refused before any instance
+it does not serve or one in lower case, no Host or two, a header name
+that starts with "host", an HTTP/2 request without :authority) is
+refused before any instance
 sees it, with a problem+json body; nothing of it reaches the database. A
 client next to a smuggler never gets the smuggler's answer. Over HTTP/2
 a refusal reaches curl whole while it still sends its body (it exited
-92). Every answer carries the edge's X-Request-Id, which the instance's
+92), and a GET ended by an empty DATA frame is served (haproxy sent it on
+chunked, which the service refuses on GET). Every answer carries the edge's X-Request-Id, which the instance's
 access log records; the differential run (differential.py) checks it one
 to one over generated requests. HTTPS: the chain verifies against the
 cluster's CA, HTTP/2 and HTTP/1.1 are offered, HSTS is set on its
@@ -169,6 +172,30 @@ for tls in (False, True):
     problem(send(order(key("utf8"), extra=b"X-Note: caf\xc3\xa9\r\n"), tls), 400,
             "invalid-request", f"{via}: a byte past ASCII in a header")
 
+    # No Host (HTTP/1.1, HTTP/1.0, absolute-form), or two: Kore's bare 400.
+    for what, raw in [
+            ("HTTP/1.1 without Host", b"GET /healthz HTTP/1.1\r\nConnection: close\r\n\r\n"),
+            ("HTTP/1.0 without Host", b"GET /healthz HTTP/1.0\r\n\r\n"),
+            ("absolute-form without Host",
+             b"GET http://127.0.0.1/healthz HTTP/1.1\r\nConnection: close\r\n\r\n"),
+            ("an order without Host", order(key("nohost")).replace(b"Host: 127.0.0.1\r\n", b"")),
+            # Kore takes the first name starting with "host" for the Host.
+            ("a Hostile header before Host", order(key("hostile")).replace(
+                b"Host: 127.0.0.1\r\n", b"Hostile: evil\r\nHost: 127.0.0.1\r\n"))]:
+        problem(send(raw, tls), 400, "invalid-request", f"{via}: {what}")
+    # Two Hosts: haproxy keeps one of two equal ones, and refuses two that
+    # differ itself (closed without an answer, as two Content-Lengths).
+    st, hd, body, _ = send(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\nHost: 127.0.0.1\r\n"
+                           b"Connection: close\r\n\r\n", tls)
+    t.eq(st, 200, f"{via}: two equal Hosts: served (the instance sees one)")
+    st, hd, body, _ = send(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\nHost: evil\r\n"
+                           b"Connection: close\r\n\r\n", tls)
+    t.ok(st == 0 and body == b"", f"{via}: two Hosts that differ: closed without an answer",
+         f"{st} {hd} {body[:200]!r}")
+    st, hd, body, _ = send(b"GET /healthz HTTP/1.1\r\nX-Host: x\r\nHost: 127.0.0.1\r\n"
+                           b"Connection: close\r\n\r\n", tls)
+    t.eq(st, 200, f"{via}: an X-Host header is only a header: served")
+
     # Smuggling: a POST in the body of a GET, DELETE or OPTIONS, starting at
     # Kore's 4 KiB read, across it, and past it. The edge refuses the body.
     for m, slug, status in [(b"GET", "invalid-request", 400),
@@ -265,6 +292,71 @@ for what, args, body, status, slug in [
          f"HTTP/2: {what}: {status} {slug} as problem+json, with HSTS",
          f"curl exit {rc}, {tail!r}, {head!r}, {doc}")
 t.eq(keys_like(f"edge-{run}-"), 0, "HTTP/2: none of them left a key")
+
+
+
+# HTTP/2 frames as a client may send them (curl always sends :authority,
+# and ends a GET's stream on its HEADERS).
+def h2_frame(kind, flags, stream, payload):
+    return (len(payload).to_bytes(3, "big") + bytes([kind, flags]) +
+            stream.to_bytes(4, "big") + payload)
+
+
+def h2_raw(fields, body_frames=()):
+    """One request on stream 1: its header fields (HPACK literals), its
+    HEADERS ending the stream unless body_frames follow. (status, data)."""
+    ctx = ssl.create_default_context(cafile=CA)
+    ctx.set_alpn_protocols(["h2"])
+    s = ctx.wrap_socket(socket.create_connection(("127.0.0.1", TLS_PORT), timeout=15),
+                        server_hostname="127.0.0.1")
+    block = b"".join(b"\x00" + bytes([len(n)]) + n + bytes([len(v)]) + v
+                     for n, v in fields)
+    s.sendall(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + h2_frame(4, 0, 0, b"") +
+              h2_frame(1, 0x4 | (0 if body_frames else 0x1), 1, block) +
+              b"".join(h2_frame(0, flags, 1, data) for flags, data in body_frames))
+    out, status, data, ended = b"", 0, b"", False
+    try:
+        while not ended:
+            d = s.recv(65536)
+            if not d:
+                break
+            out += d
+            while len(out) >= 9 and len(out) >= 9 + int.from_bytes(out[:3], "big"):
+                n = int.from_bytes(out[:3], "big")
+                kind, flags = out[3], out[4]
+                stream = int.from_bytes(out[5:9], "big") & 0x7fffffff
+                payload, out = out[9:9 + n], out[9 + n:]
+                if stream != 1:
+                    continue
+                if kind == 1 and not status:
+                    # haproxy sends :status first: indexed (static table),
+                    # or a literal of 3 digits.
+                    if payload[0] & 0x80:
+                        status = {8: 200, 9: 204, 10: 206, 11: 304, 12: 400, 13: 404,
+                                  14: 500}.get(payload[0] & 0x7f, -1)
+                    elif payload[1] == 3:
+                        status = int(payload[2:5])
+                elif kind == 0:
+                    data += payload
+                if kind == 3 or (kind in (0, 1) and flags & 0x1):
+                    ended = True
+    except (socket.timeout, ssl.SSLError, ConnectionResetError):
+        pass
+    s.close()
+    return status, data
+
+
+H2_GET = [(b":method", b"GET"), (b":scheme", b"https"), (b":authority", b"127.0.0.1"),
+          (b":path", b"/healthz")]
+st, data = h2_raw(H2_GET)
+t.ok(st == 200 and b'"status"' in data, "HTTP/2 raw: a GET is served", f"{st} {data[:200]!r}")
+st, data = h2_raw(H2_GET, body_frames=[(0x1, b"")])
+t.ok(st == 200 and b'"status"' in data, "HTTP/2 raw: a GET ended by an empty DATA frame is"
+     " served (it reached the instance chunked, refused)", f"{st} {data[:200]!r}")
+st, data = h2_raw([f for f in H2_GET if f[0] != b":authority"])
+t.ok(st == 400 and f"{PUBLIC}/problems/invalid-request".encode() in data,
+     "HTTP/2 raw: a GET without :authority (nor Host): 400 invalid-request as problem+json",
+     f"{st} {data[:300]!r}")
 
 # Desync: while a smuggler sends POSTs in GET bodies on its own keep-alive
 # connection, a client next to it reads its own balance over and over; it

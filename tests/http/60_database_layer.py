@@ -18,7 +18,7 @@ import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "lib"))
 from harness import (DB_URL, ROOT, Api, Background, DbProxy, Kore, PsqlSession,  # noqa: E402
-                     Tap, cluster, concurrently, new_key, quote, request, sql,
+                     Tap, cluster, concurrently, free_port, new_key, quote, request, sql,
                      sql_value, wait_until)
 
 t = Tap()
@@ -351,6 +351,12 @@ def refused(name, database_url, cause, words):
 def permanent_refusals_named():
     base = f"host=127.0.0.1 port={PGPORT} connect_timeout=3"
     refused("api-db-nodb", f"{base} dbname=idem_no_such_db user=idem",
+            "no such database", 'database "idem_no_such_db" does not exist')
+    # Two hosts, the second refusing connections: the pool's cause is the
+    # first's refusal, not the second's silence (it was the last address
+    # tried, and the missing database was taken as a retryable outage).
+    refused("api-db-nodb-two", f"host=127.0.0.1,127.0.0.1 port={PGPORT},{free_port()} "
+            "connect_timeout=3 dbname=idem_no_such_db user=idem",
             "no such database", 'database "idem_no_such_db" does not exist')
 
     hba = os.path.join(PGDATA, "pg_hba.conf")

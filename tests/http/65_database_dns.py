@@ -14,83 +14,31 @@ verdicts are conditions: a static request is answered while the resolver
 still holds the worker's query; a request that needs the database gets
 its 503 with Retry-After while the query is still held, and while the
 resolver fails; a name that resolves again, or to another address after
-a connection failure, is used without a restart."""
+a connection failure, is used without a restart.
+
+A name with more than one address (two A records, and /etc/hosts'
+localhost with ::1 and 127.0.0.1) has its addresses sorted by the C
+library (RFC 6724) over a netlink socket: under the worker's seccomp
+filter that killed the resolver thread, the name never resolved and a
+reload then waited on it forever. Both are served, and reloaded, here."""
 
 import os
+import signal
 import socket
-import struct
 import sys
-import threading
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "lib"))
 from harness import (Api, DbProxy, Tap, in_netns, new_key, pg_socket,  # noqa: E402
                      quote, request, sql, sql_value, wait_until)
+from fake_dns import Resolver  # noqa: E402
 
-in_netns("dns")
+# The namespace's own /etc/hosts: localhost has two addresses.
+in_netns("dns", files={"hosts": "127.0.0.1 localhost\n::1 localhost\n"})
 
 t = Tap()
 NAME = "db.idem.test"
 APP = "dns-api"
 TIMEOUT_MS = 2000
-
-
-class Resolver:
-    """A DNS server on 127.0.0.1:53 of the namespace: A queries for NAME
-    answered with self.address, held unanswered (hold), or refused with
-    SERVFAIL (fail); any other query gets an empty answer."""
-
-    def __init__(self):
-        self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-        self.sock.bind(("127.0.0.1", 53))
-        self.mode = "hold"
-        self.address = "127.0.0.1"
-        self.queries = 0
-        self.answered = 0
-        self.held = []
-        self.lock = threading.Lock()
-        threading.Thread(target=self._serve, daemon=True).start()
-
-    def _serve(self):
-        while True:
-            data, peer = self.sock.recvfrom(512)
-            with self.lock:
-                self.queries += 1
-                if self.mode == "hold":
-                    self.held.append((data, peer))
-                    continue
-                self._answer(data, peer)
-
-    def _answer(self, query, peer):
-        qid, _, qd = struct.unpack(">HHH", query[:6])[:3]
-        end = 12
-        while query[end] != 0:
-            end += query[end] + 1
-        question = query[12:end + 5]
-        qname = []
-        i = 12
-        while query[i] != 0:
-            qname.append(query[i + 1:i + 1 + query[i]].decode())
-            i += query[i] + 1
-        qtype = struct.unpack(">H", query[end + 1:end + 3])[0]
-        flags, answers = 0x8180, b""
-        if self.mode == "fail":
-            flags = 0x8182
-        elif ".".join(qname).lower() == NAME and qtype == 1:
-            answers = (b"\xc0\x0c" + struct.pack(">HHIH", 1, 1, 0, 4)
-                       + socket.inet_aton(self.address))
-        header = struct.pack(">HHHHHH", qid, flags, 1, 1 if answers else 0, 0, 0)
-        self.sock.sendto(header + question + answers, peer)
-        self.answered += 1
-
-    def set(self, mode, address=None):
-        with self.lock:
-            self.mode = mode
-            if address:
-                self.address = address
-            if mode != "hold":
-                for data, peer in self.held:
-                    self._answer(data, peer)
-                self.held = []
 
 
 def url(port):
@@ -117,7 +65,24 @@ def up(api):
     return r is not None and r.status == 200
 
 
-dns = Resolver()
+def reloads(api):
+    return api.read_log().count("reloaded '")
+
+
+def reload_serves(api, what):
+    """SIGHUP: the worker reloads (the parent and the worker say so), a
+    static request is served after it, and an order made."""
+    before = reloads(api)
+    api.proc.send_signal(signal.SIGHUP)
+    wait_until(lambda: reloads(api) >= before + 2,
+               f"the parent and the worker to reload ({what})")
+    r = request(api.port, "GET", "/openapi.json", timeout=20)
+    t.eq(r.status, 200, f"a static request is served after a reload ({what})")
+    wait_until(lambda: up(api), f"/healthz 200 after the reload ({what})")
+    t.eq(order(api).status, 201, f"an order is made after the reload ({what})")
+
+
+dns = Resolver(NAME)
 pg = DbProxy(unix=pg_socket())
 api = None
 try:
@@ -201,6 +166,41 @@ try:
     t.eq(order(api).status, 201, "an order is made at the new address")
     t.ok(moved.accepted > 0, "the name was resolved again after the "
          "connections failed at its old address")
+    api.stop()
+
+    # 4. A name with two addresses, the first refusing (nothing listens on
+    # 127.0.0.3): the C library sorts them over netlink, in the resolver's
+    # thread, under the worker's seccomp filter. The worker connects to
+    # the second, and a reload does not wait on the resolver.
+    dns.set("answer", ["127.0.0.3", "127.0.0.2"])
+    api = Api(name="dns-api-two", conf_extra=["workers 1", "pgsql_conn_max 4"],
+              IDEM_DB_TIMEOUT_MS=TIMEOUT_MS)
+    api.env["IDEM_DATABASE_URL"] = url(moved.port)
+    super(Api, api).start(lambda: True)
+    wait_until(lambda: up(api), "/healthz 200 with a name of two addresses")
+    # Read once it serves (the parent forks briefly before the worker).
+    workers = api.workers()
+    t.eq(order(api).status, 201, "an order is made with a name of two addresses")
+    reload_serves(api, "a name of two addresses")
+    t.eq(api.workers(), workers, "no worker died or was replaced (two addresses)")
+    api.stop()
+
+    # 5. host=localhost, which the namespace's /etc/hosts gives ::1 and
+    # 127.0.0.1 (nothing listens on ::1).
+    local = DbProxy(unix=pg_socket(), host="127.0.0.1")
+    print("# localhost here:", sorted({a[4][0] for a in socket.getaddrinfo(
+        "localhost", local.port, type=socket.SOCK_STREAM)}))
+    api = Api(name="dns-api-localhost", conf_extra=["workers 1", "pgsql_conn_max 4"],
+              IDEM_DB_TIMEOUT_MS=TIMEOUT_MS)
+    api.env["IDEM_DATABASE_URL"] = url(local.port).replace(f"host={NAME}",
+                                                           "host=localhost")
+    super(Api, api).start(lambda: True)
+    wait_until(lambda: up(api), "/healthz 200 with host=localhost (::1 and 127.0.0.1)")
+    # Read once it serves (the parent forks briefly before the worker).
+    workers = api.workers()
+    t.eq(order(api).status, 201, "an order is made with host=localhost")
+    reload_serves(api, "localhost")
+    t.eq(api.workers(), workers, "no worker died or was replaced (localhost)")
 finally:
     dns.set("answer")
     if api is not None:

@@ -10,7 +10,7 @@ request waited its whole deadline on it, one client per connection.
 Now each connection walks the addresses itself, each at most
 connect_timeout, and every connection has keepalives (found dead within
 5 + 3 x 1 s idle) and tcp_user_timeout (docs/operations.md, The database
-layer).
+layer), each of them also when the URL sets another.
 
 Here two addresses reach the same test database, each through a proxy:
 the first in a network namespace of its own ("the host"), joined to the
@@ -43,29 +43,30 @@ CONNECT_TIMEOUT = 2
 HANG = 60
 
 
-def url(a, b):
+def url(a, b, first="169.254.77.2"):
     db = sql_value("select current_database()")
-    return (f"host=169.254.77.2,127.0.0.1 port={a.port},{b.port} dbname={db} "
+    return (f"host={first},127.0.0.1 port={a.port},{b.port} dbname={db} "
             f"user=idem sslmode=disable gssencmode=disable "
             f"connect_timeout={CONNECT_TIMEOUT} application_name=failover-api")
 
 
 class Host:
-    """A network namespace joined to ours by a veth pair: 169.254.77.1 here,
-    169.254.77.2 there; a DbProxy listens there."""
+    """A network namespace joined to ours by a veth pair: 169.254.N.1 here,
+    169.254.N.2 there; a DbProxy listens there."""
 
-    def __init__(self, ns):
-        self.ns = f"{ns}-host"
-        self.link = f"v{os.getpid() % 100000}"
+    def __init__(self, ns, n=77):
+        self.ns = f"{ns}-host{n}"
+        self.address = f"169.254.{n}.2"
+        self.link = f"v{n}{os.getpid() % 100000}"
         here, there = self.link + "a", self.link + "b"
         ip = lambda *a: subprocess.run(["ip", *a], check=True)  # noqa: E731
         ip("netns", "add", self.ns)
         ip("link", "add", here, "type", "veth", "peer", "name", there)
         ip("link", "set", there, "netns", self.ns)
-        ip("addr", "add", "169.254.77.1/30", "dev", here)
+        ip("addr", "add", f"169.254.{n}.1/30", "dev", here)
         ip("link", "set", here, "up")
         for cmd in (("link", "set", "lo", "up"),
-                    ("addr", "add", "169.254.77.2/30", "dev", there),
+                    ("addr", "add", f"{self.address}/30", "dev", there),
                     ("link", "set", there, "up")):
             ip("netns", "exec", self.ns, "ip", *cmd)
         self.there = there
@@ -77,7 +78,7 @@ class Host:
         try:
             if libc.setns(theirs, CLONE_NEWNET) != 0:
                 raise OSError(ctypes.get_errno(), "setns")
-            self.proxy = DbProxy(unix=pg_socket(), host="169.254.77.2")
+            self.proxy = DbProxy(unix=pg_socket(), host=self.address)
         finally:
             libc.setns(ours, CLONE_NEWNET)
             os.close(ours)
@@ -106,6 +107,7 @@ def up(api):
 
 
 host = Host(NS)
+host2 = None
 a = host.proxy
 b = DbProxy(unix=pg_socket())
 api = None
@@ -154,9 +156,31 @@ try:
     wait_until(lambda: b.accepted - made >= POOLS, "every connection at the live host",
                timeout=HANG)
     t.ok(True, "every connection of the new instance is made at the live host")
+    api.stop()
+
+    # A URL that sets one keepalive setting of its own keeps the other
+    # defaults (any one of them dropped all five: the kernel's 75 s
+    # between 9 probes found the silent host after minutes).
+    host2 = Host(NS, 78)
+    api = Api(name="failover-api-3", conf_extra=["workers 1",
+                                                 f"pgsql_conn_max {CONN_MAX}"])
+    api.env["IDEM_DATABASE_URL"] = (url(host2.proxy, b, host2.address) +
+                                    " keepalives_idle=5")
+    api.start()
+    wait_until(lambda: host2.proxy.accepted >= POOLS + 1,
+               "every connection made at another first host")
+    made = b.accepted
+    host2.silence()
+    wait_until(lambda: b.accepted - made >= POOLS,
+               "every connection made again at the live host, with no request "
+               "(keepalives_idle in the URL)", timeout=HANG)
+    t.ok(True, "with keepalives_idle in the URL, keepalives still find every "
+         "idle connection to the silent host within the defaults' bound")
 finally:
     if api is not None:
         api.stop()
     host.remove()
+    if host2 is not None:
+        host2.remove()
 
 t.done()

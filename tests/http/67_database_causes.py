@@ -10,6 +10,9 @@
   cancelled was recognised by its English words: a server speaking
   another language had it answered 201, a success a failover can lose.
   It is now told by the function that raised it (SyncRepWaitForLSN).
+- A URL whose port list has neither one port nor one per host (or whose
+  hostaddr list has another length than its hosts) was taken silently,
+  each host past the list given its last item: refused at start.
 - A connection closed at its drain bound (its client left, its backend
   did not answer) was made again at once, while its backend could still
   be there: more backends than the pool holds.
@@ -18,11 +21,12 @@
 import os
 import signal
 import socket
+import subprocess
 import sys
 import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "lib"))
-from harness import (DB_URL, Api, Background, PsqlSession, Tap, get,  # noqa: E402
+from harness import (DB_URL, ROOT, Api, Background, PsqlSession, Tap, get,  # noqa: E402
                      new_key, quote, sql, sql_value, wait_until)
 
 t = Tap()
@@ -174,6 +178,28 @@ def unconfirmed_in_german():
     api.stop()
 
 
+def lists_that_do_not_match():
+    """A port list neither of one port nor of one per host, or a hostaddr
+    list of another length: refused at start, naming the setting (every
+    host past the list took its last item)."""
+    for what, extra in [("three hosts, two ports",
+                         " host=127.0.0.1,127.0.0.1,127.0.0.1 port=1,2"),
+                        ("two hosts, one hostaddr",
+                         " host=a.invalid,b.invalid hostaddr=127.0.0.1")]:
+        bad = api_with("api-lists")
+        bad.env["IDEM_DATABASE_URL"] += extra
+        # A bound on a hang (a start that is not refused runs on).
+        try:
+            proc = subprocess.run(["kore", "-fnrc", bad.conf], cwd=ROOT, env=bad.env,
+                                  capture_output=True, text=True, timeout=60)
+            rc, out = proc.returncode, proc.stdout + proc.stderr
+        except subprocess.TimeoutExpired as e:
+            rc, out = None, f"still running after {e.timeout} s"
+        t.ok(rc not in (0, None) and "IDEM_DATABASE_URL" in out and "for " in out,
+             f"a URL of {what} refuses to start, naming the setting", (rc, out[-300:]))
+
+
+lists_that_do_not_match()
 feature_not_supported()
 unconfirmed_in_german()
 drained_connection_not_remade_at_once()

@@ -603,14 +603,16 @@ def pg_socket():
     return None
 
 
-def in_netns(tag):
+def in_netns(tag, files=None):
     """Runs the calling test again in a network namespace of its own, as
     root: its own loopback (tc rules there touch no one else's traffic)
     and its own /etc/resolv.conf (ip netns exec binds
     /etc/netns/NS/resolv.conf over it), naming a resolver on that
-    loopback that waits 30 s for an answer. PostgreSQL is reached through
-    its Unix socket (DbProxy(unix=pg_socket())). Returns inside the
-    namespace; outside, exits with the inner run's status."""
+    loopback that waits 30 s for an answer. files: more files of /etc
+    seen so inside (e.g. {"hosts": "..."}), the machine's untouched.
+    PostgreSQL is reached through its Unix socket
+    (DbProxy(unix=pg_socket())). Returns inside the namespace; outside,
+    exits with the inner run's status."""
     if os.environ.get("IDEM_TEST_NETNS"):
         return os.environ["IDEM_TEST_NETNS"]
     if os.geteuid() != 0 or not shutil.which("ip") or not pg_socket():
@@ -621,6 +623,9 @@ def in_netns(tag):
     os.makedirs(etc, exist_ok=True)
     with open(f"{etc}/resolv.conf", "w") as f:
         f.write("nameserver 127.0.0.1\noptions timeout:30 attempts:1\n")
+    for name, text in (files or {}).items():
+        with open(f"{etc}/{name}", "w") as f:
+            f.write(text)
     subprocess.run(["ip", "netns", "add", ns], check=True)
     try:
         subprocess.run(["ip", "netns", "exec", ns, "ip", "link", "set", "lo", "up"],
