@@ -380,6 +380,19 @@ def waiting_backends(query_like):
 
 # --- processes --------------------------------------------------------------
 
+def as_from_a_terminal():
+    """A preexec_fn for a program a test then stops as a user's terminal
+    would (Ctrl-C, SIGQUIT): those signals at their defaults, as a
+    terminal's shell starts a program. The suite may run with them ignored
+    (make test started in the background by a script or a CI runner: a
+    non-interactive shell starts its background jobs so, and Popen passes
+    ignored signals on), and a shell cannot trap a signal that was ignored
+    when it started: make run's and make demo's Ctrl-C traps would then be
+    ignored in silence."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    signal.signal(signal.SIGQUIT, signal.SIG_DFL)
+
+
 def alive(pid):
     """True while pid runs (a zombie does not count)."""
     try:
