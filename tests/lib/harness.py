@@ -80,15 +80,17 @@ class Tap:
         sys.exit(1 if self.failed else 0)
 
 
-def wait_until(cond, what, timeout=WAIT_SECONDS, interval=0.01):
-    """Polls cond() until it is truthy; raises if it never becomes so."""
+def wait_until(cond, what, timeout=WAIT_SECONDS, interval=0.01, show=None):
+    """Polls cond() until it is truthy; raises if it never becomes so,
+    saying what show() (the state waited on: a count, a row) last read."""
     deadline = time.monotonic() + timeout
     while True:
         value = cond()
         if value:
             return value
         if time.monotonic() > deadline:
-            raise TimeoutError(f"timed out after {timeout}s waiting for {what}")
+            last = f" (last: {show()})" if show is not None else ""
+            raise TimeoutError(f"timed out after {timeout}s waiting for {what}{last}")
         time.sleep(interval)
 
 
