@@ -10,6 +10,7 @@ which holds make too.
 
 Runs on a copy of the tree, so that the edits touch nothing of the repo."""
 
+import atexit
 import fcntl
 import os
 import pty
@@ -23,10 +24,22 @@ import threading
 import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "lib"))
-from harness import (DB_URL, ROOT, TMP, Tap, alive, copy_tree, free_port, get,  # noqa: E402
-                     metric, new_key, post, request, wait_until)
+from harness import (DB_URL, ROOT, TMP, Tap, alive, as_from_a_terminal,  # noqa: E402
+                     copy_tree, free_port, get, metric, new_key, post, request, wait_until)
 
 t = Tap()
+
+# Bounds on hangs, far above need. make run stops within a few seconds of
+# a Ctrl-C on a quiet machine (its servers get 10 s to stop before
+# SIGKILL), and starts in well under a minute.
+STOP_BOUND = 180
+START_BOUND = 300
+# A bound on a hang for a change to be built and served: under a minute
+# on a loaded machine, a header's full rebuild included.
+BUILD_BOUND = 240
+# A bound on a hang for what make run stopped to end once make run has
+# ended: at once, a second at most for a worker whose parent was killed.
+SETTLE_BOUND = 30
 
 copy = copy_tree("devloop")
 
@@ -41,15 +54,20 @@ env = dict(os.environ, IDEM_DATABASE_URL=DB_URL, IDEM_PORT=str(port),
 
 
 def take_terminal():
-    # A session of its own, whose controlling terminal is the pty.
+    # A session of its own, whose controlling terminal is the pty, and
+    # Ctrl-C's signal at its default, as a terminal's shell has it.
     fcntl.ioctl(0, termios.TIOCSCTTY, 0)
+    as_from_a_terminal()
 
 
 class MakeRun:
     """`make -s run` in the copy, in a pseudo-terminal of its own, with
     what it prints in a log."""
 
-    def __init__(self, name, env):
+    def __init__(self, name, env, servers=True):
+        # servers: the copy's servers are this one's (False for a second
+        # make run of the copy, which must leave the first one's alone).
+        self.servers = servers
         self.logpath = os.path.join(TMP, f"{name}.log")
         self.log = open(self.logpath, "wb", buffering=0)
         self.terminal, tty = pty.openpty()
@@ -77,32 +95,113 @@ class MakeRun:
     def ctrl_c(self):
         os.write(self.terminal, b"\x03")
 
-    def wait(self, timeout=60):
-        """Its exit status; None if it did not end in time (then it and
-        everything of its session are killed)."""
+    def wait(self, timeout=STOP_BOUND, serving=None):
+        """Its exit status; None if it did not end within timeout, and then
+        what still ran is kept in self.hung. What of it still runs then, or
+        once it has ended when the rest has (a worker whose parent is gone
+        and a prefixing sed end by themselves, within SETTLE_BOUND), is kept
+        in self.left (self.left_pids), and whether serving() was true then
+        in self.served. Then it and everything it started are killed
+        (kill_stack()), so that a failed test leaves nothing behind."""
+        self.hung, self.left, self.left_pids, self.served = "", "", [], False
         try:
             status = self.proc.wait(timeout)
         except subprocess.TimeoutExpired:
             status = None
-        kill_session(self.proc.pid)
+            self.hung = processes(self.proc.pid, self.servers, self.terminal)
+        else:
+            try:
+                wait_until(lambda: not ours(self.proc.pid, self.servers),
+                           "what make run started to end", timeout=SETTLE_BOUND)
+            except TimeoutError:
+                pass
+        self.left_pids = ours(self.proc.pid, self.servers)
+        if self.left_pids:
+            self.left = processes(self.proc.pid, self.servers)
+        self.served = serving is not None and serving()
+        kill_stack(self.proc.pid, self.servers)
         self.proc.wait(10)
         self.reader.join(5)
         return status
 
 
-def kill_session(sid):
-    """SIGKILL to whatever still runs in session sid (the job a killed
-    make left behind)."""
+def stat(pid):
+    """(state, ppid, pgid, session) of pid, or None once it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return fields[0], int(fields[1]), int(fields[2]), int(fields[3])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def ours(sid, servers=True):
+    """The processes of make run: those of its session (make, scripts/run,
+    a build) and, with servers, those whose working directory is the copy
+    or under it (the servers, which run in sessions of their own, their
+    workers, the embedded cluster's postgres), zombies left out."""
+    found = []
     for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        st = stat(pid)
+        if st is None or st[0] == "Z":
+            continue
         try:
-            with open(f"/proc/{pid}/stat") as f:
-                if int(f.read().rsplit(")", 1)[1].split()[3]) == sid:
-                    os.kill(int(pid), signal.SIGKILL)
-        except (OSError, ValueError, IndexError):
-            pass
+            cwd = os.readlink(f"/proc/{pid}/cwd")
+        except OSError:
+            cwd = ""
+        if st[3] == sid or servers and (cwd == copy or cwd.startswith(copy + "/") or
+                                        cwd.startswith(copy + " (deleted)")):
+            found.append(int(pid))
+    return found
+
+
+def processes(sid, servers=True, terminal=None):
+    """What of make run still runs, one line each (pid, ppid, process
+    group, session, state, what it waits in, command line), and the
+    terminal's foreground group: a hang's diagnostics."""
+    lines = []
+    if terminal is not None:
+        try:
+            lines.append(f"terminal's foreground process group: {os.tcgetpgrp(terminal)}")
+        except OSError as e:
+            lines.append(f"terminal's foreground process group: {e}")
+    for pid in ours(sid, servers):
+        st = stat(pid)
+        if st is None:
+            continue
+        try:
+            with open(f"/proc/{pid}/wchan") as f:
+                wchan = f.read()
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                cmd = f.read().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        lines.append(f"{pid} ppid {st[1]} pgid {st[2]} sid {st[3]} {st[0]} {wchan}: {cmd}")
+    return "\n".join(lines)
+
+
+def kill_stack(sid, servers=True):
+    """SIGKILL to all of make run (ours()): a failed test leaves nothing
+    of it running. A server left running goes on acting on the shared
+    database: its recovery job would claim the next tests' keys."""
+    for _ in range(50):
+        left = ours(sid, servers)
+        if not left:
+            return
+        for pid in left:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
+        time.sleep(0.1)
 
 
 run = MakeRun("devloop", env)
+# However this test ends (a failed assertion, an exception), nothing of
+# the make runs it started is left: the one running then is stopped.
+atexit.register(lambda: kill_stack(run.proc.pid))
 
 
 def output():
@@ -145,7 +244,7 @@ def order(comment):
 held_build = os.path.join(TMP, "devloop-build.pid")
 try:
     wait_until(lambda: run.proc.poll() is not None or answers(), "make run to serve",
-               timeout=180)
+               timeout=START_BOUND)
     t.ok(answers(), "make run serves the API", output()[-3000:])
     before = workers()
     t.eq(title(), "No such resource", "the code as it was")
@@ -156,8 +255,8 @@ try:
     pid_files = {f: open(os.path.join(copy, f)).read()
                  for f in ("kore.pid", "provider.pid") if os.path.exists(os.path.join(copy, f))}
     app_mtime = os.stat(os.path.join(copy, "app.so")).st_mtime
-    second = MakeRun("devloop-second", env)
-    second_status = second.wait(timeout=60)
+    second = MakeRun("devloop-second", env, servers=False)
+    second_status = second.wait()
     said = second.output()
     held = re.search(r"make run, pid (\d+)", said)
     t.ok(second_status not in (None, 0) and held is not None,
@@ -175,7 +274,8 @@ try:
 
     # A .c file.
     edit("src/core/problem.c", '"No such resource"', '"No such resource here"')
-    wait_until(lambda: title() == "No such resource here", "the edit to serve", timeout=90)
+    wait_until(lambda: title() == "No such resource here", "the edit to serve",
+               timeout=BUILD_BOUND)
     t.ok(all(title() == "No such resource here" for _ in range(10)),
          "an edited .c file serves within seconds")
     t.eq(workers(), before, "by the same workers: none lost")
@@ -185,7 +285,7 @@ try:
     edit("scripts/openapi.py", '"title": "Idempotent payments API"',
          '"title": "Idempotent payments API, edited"')
     wait_until(lambda: b"payments API, edited" in request(port, "GET", "/openapi.json").body,
-               "the scripts/ edit to serve", timeout=90)
+               "the scripts/ edit to serve", timeout=BUILD_BOUND)
     t.ok(b"payments API, edited" in request(port, "GET", "/openapi.json").body,
          "an edit to scripts/openapi.py is built and served")
     t.eq(workers(), before, "by the same workers")
@@ -193,7 +293,7 @@ try:
     # A header: every file that includes it is built again.
     edit("src/core/idem.h", "#define IDEM_TEXT_MAX\t\t1024", "#define IDEM_TEXT_MAX\t\t2048")
     wait_until(lambda: order("x" * 1500).status == 201, "the header edit to serve",
-               timeout=120)
+               timeout=BUILD_BOUND)
     t.eq(order("x" * 1500).status, 201, "an edited header rebuilds what includes it")
     t.eq(workers(), before, "still the same workers")
 
@@ -203,7 +303,7 @@ try:
     with open(bad, "w") as f:
         f.write("select idem_dev_loop_no_such_function();\n")
     wait_until(lambda: "migration failed" in output(), "the failed migration to be reported",
-               timeout=90)
+               timeout=BUILD_BOUND)
     t.ok("099_dev_loop_bad.sql failed" in output() and
          "reloaded" not in output().split("migration failed")[-1],
          "a failed migration is named and nothing is reloaded", output()[-1500:])
@@ -211,19 +311,19 @@ try:
     with open(bad, "w") as f:
         f.write("select 1;\n")
     wait_until(lambda: "reloaded" in output().split("migration failed")[-1],
-               "the fixed migration to reload", timeout=90)
+               "the fixed migration to reload", timeout=BUILD_BOUND)
     os.unlink(bad)
 
     # A build that fails keeps the last good code.
     edit("src/core/problem.c", '"No such resource here"', '"No such resource here" !')
     wait_until(lambda: "build failed" in output(), "the broken build to be reported",
-               timeout=90)
+               timeout=BUILD_BOUND)
     t.eq(title(), "No such resource here", "a failed build leaves the old code serving")
     t.ok("error:" in output().split("changed:")[-1], "and prints the compiler's errors",
          output()[-1500:])
     edit("src/core/problem.c", '"No such resource here" !', '"No such resource again"')
     wait_until(lambda: title() == "No such resource again", "the fix to serve",
-               timeout=90)
+               timeout=BUILD_BOUND)
     t.eq(workers(), before, "the same workers after all three edits")
 
     # A build whose counters are laid out otherwise (a counter added),
@@ -238,7 +338,7 @@ try:
          '\t[COUNTER_DEV_LOOP] = { "idem_dev_loop_total", "A counter of the dev '
          'loop\'s test." },\n\t[COUNTER_REPLAY_CACHE_HITS] = {')
     wait_until(lambda: b"idem_dev_loop_total" in request(port, "GET", "/metrics").body,
-               "the new counter to be served", timeout=180)
+               "the new counter to be served", timeout=BUILD_BOUND)
     # Both workers on the new build (a worker still on the old one counts
     # nothing); their log lines reach make run's terminal through a pipe.
     wait_until(lambda: all(f"api      | [wrk {w}]: reloaded" in output()[mark:]
@@ -259,7 +359,7 @@ try:
          '\t{ HTTP_METHOD_GET, "/v1/orders-again", "GET /v1/orders-again",\n'
          "\t    &order_list_operation },\n#if defined(DEV_ROUTES)\n\t{ HTTP_METHOD_POST")
     wait_until(lambda: "restarted: the API serves the new route table" in output(),
-               "the API to restart on the new route table", timeout=120)
+               "the API to restart on the new route table", timeout=BUILD_BOUND)
     wait_until(answers, "the restarted API to answer")
     t.ok("the route table changed: restarting the API" in output(),
          "a route table change restarts the API, and make run says so", output()[-1500:])
@@ -284,23 +384,22 @@ finally:
         pass
     if run.proc.poll() is None:
         run.ctrl_c()
-    status = run.wait()
-    for p in pids:
-        if alive(p):
-            os.kill(p, signal.SIGKILL)
+    status = run.wait(serving=answers)
 
 t.ok(status == 0, "Ctrl-C during a build stops make run with exit status 0",
-     f"status {status}\n" + output()[-1500:])
-t.ok(os.path.exists(held_build) and not alive(int(open(held_build).read() or 0)),
+     f"status {status}\n" + output()[-1500:] +
+     (f"\nstill running after {STOP_BOUND} s:\n{run.hung}" if run.hung else ""))
+t.ok(os.path.exists(held_build) and status is not None and
+     int(open(held_build).read() or 0) not in run.left_pids,
      "and the build with it")
 # The builds below are not held.
 shutil.copy2(os.path.join(ROOT, "scripts", "openapi.py"),
              os.path.join(copy, "scripts", "openapi.py"))
 t.ok("Interrupt" not in output() and "Error" not in output().split("stopped")[-1],
      "and make reports no interrupt or error", output()[-800:])
-time.sleep(0.5)
-t.ok(not answers(), "and the API with it")
-t.ok(not any(alive(p) for p in pids), "no worker is left behind")
+t.ok(not run.served, "and the API with it")
+t.ok(pids and not run.left, "no worker is left behind: nothing of the stack runs",
+     f"workers before: {pids}\nleft running:\n{run.left}")
 
 # make run on the embedded cluster (the copy's .pgdata, on a port of its
 # own), stopped with SIGTERM to make, as a process manager or `kill`
@@ -350,8 +449,9 @@ for how in ("SIGTERM", "Ctrl-C twice"):
     try:
         wait_until(lambda: run.proc.poll() is not None or
                    (answers() and provider_answers() and
-                    os.path.exists(os.path.join(copy, "provider.pid"))),
-                   f"make run on the embedded cluster to serve ({how})", timeout=180)
+                    all(os.path.exists(os.path.join(copy, f)) for f in
+                        ("kore.pid", "provider.pid", ".pgdata/postmaster.pid"))),
+                   f"make run on the embedded cluster to serve ({how})", timeout=START_BOUND)
         pids = stack()
         t.ok(answers() and len(pids) > 4 and all(alive(p) for p in pids),
              f"make run serves on the embedded cluster ({how})", output()[-2000:])
@@ -370,24 +470,24 @@ for how in ("SIGTERM", "Ctrl-C twice"):
             time.sleep(1)
             run.ctrl_c()
     finally:
-        status = run.wait()
+        status = run.wait(serving=lambda: answers() or provider_answers())
         if os.path.exists(slow):
             os.unlink(slow)
-        left = [p for p in pids if alive(p)]
-        for p in left:
-            os.kill(p, signal.SIGKILL)
     if how == "SIGTERM":
-        t.ok(status is not None, "SIGTERM to make: make run ends", output()[-1500:])
+        t.ok(status is not None, "SIGTERM to make: make run ends",
+             output()[-1500:] + f"\nstill running after {STOP_BOUND} s:\n{run.hung}")
     else:
-        t.eq(status, 0, "two Ctrl-Cs during a migration: make run ends with exit status 0")
+        t.ok(status == 0, "two Ctrl-Cs during a migration: make run ends with exit status 0",
+             f"status {status}\n" + output()[-1500:] +
+             (f"\nstill running after {STOP_BOUND} s:\n{run.hung}" if run.hung else ""))
         t.ok("Interrupt" not in output(), "and make reports no interrupt", output()[-800:])
     t.ok("stopped" in output(), f"{how}: the stack says it stopped", output()[-1500:])
     t.ok(all(re.search(rf"^{who} +\| .*goodbye", output(), re.M)
              for who in ("provider", "api")),
          f"{how}: and the servers' last lines reach the terminal", output()[-1500:])
-    time.sleep(0.5)
-    t.eq(left, [], f"{how}: no kore process, no postgres of the cluster left")
-    t.ok(not answers() and not provider_answers(), f"{how}: the API and provider no longer answer")
+    t.ok(not run.left, f"{how}: no kore process, no postgres of the cluster left",
+         f"the stack's processes: {pids}\nleft running:\n{run.left}")
+    t.ok(not run.served, f"{how}: the API and provider no longer answer")
 subprocess.run(["bash", "-c", f'. "{copy}/scripts/lib.sh"; cluster_stop "{pgdata}"'],
                env=embedded)
 
@@ -404,10 +504,11 @@ built = subprocess.run(["kodev", "build"], cwd=copy, env=env, capture_output=Tru
 t.ok(built.returncode == 0 and "problem.c" in built.stdout + built.stderr,
      "kodev build compiles the edited file", built.stdout + built.stderr)
 kodev = subprocess.Popen(["kodev", "run"], cwd=copy, env=env, stdout=subprocess.DEVNULL,
-                         stderr=subprocess.STDOUT, start_new_session=True)
+                         stderr=subprocess.STDOUT, start_new_session=True,
+                         preexec_fn=as_from_a_terminal)
 try:
     wait_until(lambda: kodev.poll() is not None or answers(), "kodev run to serve",
-               timeout=120)
+               timeout=START_BOUND)
     t.eq(title(), "No such resource by kodev", "kodev run serves it")
 finally:
     os.killpg(kodev.pid, signal.SIGINT)

@@ -14,7 +14,7 @@ import threading
 import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "lib"))
-from harness import ROOT, Tap, free_port  # noqa: E402
+from harness import ROOT, Tap, as_from_a_terminal, free_port  # noqa: E402
 
 if os.environ.get("IDEM_TEST_KORE_PRELOAD"):
     print("1..0 # SKIP the demo's kore would need the sanitizer runtime; "
@@ -24,6 +24,11 @@ if os.environ.get("IDEM_TEST_KORE_PRELOAD"):
 t = Tap()
 DEMO = os.path.join(ROOT, "scripts", "demo")
 N = 3
+# Bounds on hangs, far above need: the demo takes about 20 s on a quiet
+# machine (its provider thinks 500 ms per charge), 40 s beside make
+# test-loaded's CPU hog; a refused start ends in a second or two.
+DEMO_BOUND = 120
+REFUSAL_BOUND = 30
 
 
 def ports():
@@ -97,12 +102,11 @@ p = ports()
 started = time.monotonic()
 run = subprocess.run([DEMO], env=env(p, IDEM_PORT=str(busy[0].server_address[1]),
                                      IDEM_PROVIDER_PORT=str(busy[1].server_address[1])),
-                     capture_output=True, text=True, timeout=120)
-seconds = time.monotonic() - started
+                     capture_output=True, text=True, timeout=DEMO_BOUND)
 out = run.stdout
 t.note(out)
+t.note(f"make demo took {time.monotonic() - started:.1f} s")
 t.eq(run.returncode, 0, "make demo exits 0")
-t.ok(seconds < 60, f"within a minute ({seconds:.1f} s)")
 
 naive = re.search(r"^naive: (\d+) requests with one key, answers ([\d, ]+); "
                   r"the provider charged (\d+) times \((\d+) x 100\.00 RUB\)$", out, re.M)
@@ -127,7 +131,8 @@ t.eq(left_behind(out, p), [], "nothing left behind: directory, ports, processes"
 # A port of its own that is taken: it says so and starts nothing.
 p = ports()
 p["IDEM_DEMO_PORT"] = str(busy[0].server_address[1])
-taken = subprocess.run([DEMO], env=env(p), capture_output=True, text=True, timeout=30)
+taken = subprocess.run([DEMO], env=env(p), capture_output=True, text=True,
+                       timeout=REFUSAL_BOUND)
 t.ok(taken.returncode == 2 and f"port {p['IDEM_DEMO_PORT']} (IDEM_DEMO_PORT) is taken"
      in taken.stderr and "throwaway cluster" not in taken.stdout,
      "IDEM_DEMO_PORT taken: exit 2 before anything starts", taken)
@@ -140,9 +145,10 @@ for server in busy:
 # reaches the whole foreground group, twice, as an impatient user's.
 p = ports()
 proc = subprocess.Popen([DEMO], env=env(p), stdout=subprocess.PIPE,
-                        stderr=subprocess.STDOUT, text=True, start_new_session=True)
+                        stderr=subprocess.STDOUT, text=True, start_new_session=True,
+                        preexec_fn=as_from_a_terminal)
 # Whatever happens, the reading below ends.
-watchdog = threading.Timer(90, lambda: os.killpg(proc.pid, signal.SIGKILL))
+watchdog = threading.Timer(DEMO_BOUND, lambda: os.killpg(proc.pid, signal.SIGKILL))
 watchdog.start()
 lines, interrupted = [], False
 for line in proc.stdout:
@@ -164,7 +170,7 @@ t.ok("interrupted" in out and "\nnaive:" not in out, "it stopped where it was", 
 t.eq(left_behind(out, p), [], "Ctrl-C twice: nothing left behind")
 
 bad = subprocess.run([DEMO], env=env(ports(), IDEM_DEMO_REQUESTS="1"),
-                     capture_output=True, text=True, timeout=30)
+                     capture_output=True, text=True, timeout=REFUSAL_BOUND)
 t.ok(bad.returncode == 2 and "IDEM_DEMO_REQUESTS must be 2 to 10" in bad.stderr,
      "IDEM_DEMO_REQUESTS=1 is refused", bad)
 

@@ -80,15 +80,17 @@ class Tap:
         sys.exit(1 if self.failed else 0)
 
 
-def wait_until(cond, what, timeout=WAIT_SECONDS, interval=0.01):
-    """Polls cond() until it is truthy; raises if it never becomes so."""
+def wait_until(cond, what, timeout=WAIT_SECONDS, interval=0.01, show=None):
+    """Polls cond() until it is truthy; raises if it never becomes so,
+    saying what show() (the state waited on: a count, a row) last read."""
     deadline = time.monotonic() + timeout
     while True:
         value = cond()
         if value:
             return value
         if time.monotonic() > deadline:
-            raise TimeoutError(f"timed out after {timeout}s waiting for {what}")
+            last = f" (last: {show()})" if show is not None else ""
+            raise TimeoutError(f"timed out after {timeout}s waiting for {what}{last}")
         time.sleep(interval)
 
 
@@ -379,6 +381,19 @@ def waiting_backends(query_like):
 
 
 # --- processes --------------------------------------------------------------
+
+def as_from_a_terminal():
+    """A preexec_fn for a program a test then stops as a user's terminal
+    would (Ctrl-C, SIGQUIT): those signals at their defaults, as a
+    terminal's shell starts a program. The suite may run with them ignored
+    (make test started in the background by a script or a CI runner: a
+    non-interactive shell starts its background jobs so, and Popen passes
+    ignored signals on), and a shell cannot trap a signal that was ignored
+    when it started: make run's and make demo's Ctrl-C traps would then be
+    ignored in silence."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    signal.signal(signal.SIGQUIT, signal.SIG_DFL)
+
 
 def alive(pid):
     """True while pid runs (a zombie does not count)."""
