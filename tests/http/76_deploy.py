@@ -21,7 +21,12 @@
   scripts/idemctl gets its orders served by both instances in turn, a
   payment charged once at the Stripe mock (IDEM_PROVIDER_KIND=stripe, as
   the example sets), a 422 with its reason phrase, HTTPS with HSTS.
-- SIGTERM, systemd's stop, ends each instance and the edge."""
+- SIGTERM, systemd's stop, ends each instance and the edge.
+- The instance unit runs instance-conf from /opt/idem/bin, outside the
+  releases, and it makes 1.0.0's kore.conf too (a rollback to 1.0.0,
+  whose tree has no deploy/, starts under these units).
+- make test-upgrade in a release as docs/deploy.md makes one (no history,
+  a prod build) refuses before it builds: the prod build stays."""
 
 import atexit
 import grp
