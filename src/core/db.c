@@ -1281,9 +1281,9 @@ conn_connect_failed(struct db_conn *conn, const char *msg)
 }
 
 /*
- * The server's refusals no retry changes, in its own words (matched in
- * English, lc_messages' default: the server speaks before the session's
- * settings apply).
+ * The server's refusals no retry changes, and its lack of connection
+ * slots, in its own words (matched in English, lc_messages' default: the
+ * server speaks before the session's settings apply).
  */
 static int
 cause_classify(const char *msg, char *why, size_t len)
@@ -1301,6 +1301,23 @@ cause_classify(const char *msg, char *why, size_t len)
 	    strstr(msg, "password") != NULL) {
 		(void)kore_strlcpy(why, "authentication failed", len);
 		return (CAUSE_MISCONFIGURED);
+	}
+
+	/*
+	 * SQLSTATE 53300, too_many_connections: the server answers, but has
+	 * no slot left. A slot may free up: a retry can succeed.
+	 */
+	if (strstr(msg, "too many clients already") != NULL ||
+	    strstr(msg, "remaining connection slots are reserved") != NULL) {
+		(void)kore_strlcpy(why,
+		    "out of connection slots (max_connections)", len);
+		return (CAUSE_UNREACHABLE);
+	}
+
+	if (strstr(msg, "too many connections for ") != NULL) {
+		(void)kore_strlcpy(why, "out of connection slots (the role's "
+		    "or the database's connection limit)", len);
+		return (CAUSE_UNREACHABLE);
 	}
 
 	(void)kore_strlcpy(why, "unreachable", len);

@@ -55,6 +55,9 @@ name = f"ctl-{os.getpid()}"
 added = idemctl("client", "add", name)
 token = added.stdout.strip().splitlines()[-1] if added.stdout.strip() else ""
 t.ok(added.returncode == 0 and len(token) >= 40, "client add prints a new token", added.out)
+t.ok(added.stdout == token + "\n" and f"client {name} added" in added.stderr,
+     "the token alone on stdout (TOKEN=$(idemctl client add NAME)), the sentence on stderr",
+     added.out)
 t.eq(sql_value(f"select token_sha256 from clients where client_id = '{name}'"),
      hashlib.sha256(token.encode()).hexdigest(), "and stores only its SHA-256")
 t.eq(int(sql_value(f"select count(*) from clients where token_sha256 = '{token}'")), 0,

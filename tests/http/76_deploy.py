@@ -21,7 +21,12 @@
   scripts/idemctl gets its orders served by both instances in turn, a
   payment charged once at the Stripe mock (IDEM_PROVIDER_KIND=stripe, as
   the example sets), a 422 with its reason phrase, HTTPS with HSTS.
-- SIGTERM, systemd's stop, ends each instance and the edge."""
+- SIGTERM, systemd's stop, ends each instance and the edge.
+- The instance unit runs instance-conf from /opt/idem/bin, outside the
+  releases, and it makes 1.0.0's kore.conf too (a rollback to 1.0.0,
+  whose tree has no deploy/, starts under these units).
+- make test-upgrade in a release as docs/deploy.md makes one (no history,
+  a prod build) refuses before it builds: the prod build stays."""
 
 import atexit
 import grp
@@ -47,6 +52,8 @@ t = Tap()
 DEPLOY = os.path.join(ROOT, "deploy")
 UNIT_DIR = os.path.join(DEPLOY, "systemd")
 RELEASE = "/opt/idem/current"
+# deploy/instance-conf as docs/deploy.md installs it, outside the releases.
+INSTANCE_CONF = "/opt/idem/bin/instance-conf"
 # The unprivileged user the instances run as here, for the units' idem.
 USER = "nobody"
 
@@ -113,6 +120,9 @@ t.ok(limit is not None and limit.isdigit() and int(limit) >= 2 * nofile,
 t.ok(any("kill -HUP $MAINPID" in v for v in api_unit.get(("Service", "ExecReload"), [])),
      "ExecReload sends SIGHUP (the module's new build)")
 t.eq(one(api_unit, "Install", "WantedBy"), "multi-user.target", "started at boot")
+pre = shlex.split(one(api_unit, "Service", "ExecStartPre") or "-")
+t.eq(pre[0], INSTANCE_CONF, "ExecStartPre runs instance-conf from outside the releases: a "
+     "rollback to a release without deploy/instance-conf (1.0.0) starts")
 
 t.eq(edge_unit.get(("Service", "EnvironmentFile")), ["/etc/idem/edge.env"],
      "the edge's settings: /etc/idem/edge.env")
@@ -130,7 +140,8 @@ if shutil.which("systemd-analyze"):
     atexit.register(shutil.rmtree, vdir, True)
     for name in os.listdir(UNIT_DIR):
         with open(os.path.join(UNIT_DIR, name)) as f:
-            text = f.read().replace(RELEASE, ROOT)
+            text = f.read().replace(INSTANCE_CONF, os.path.join(DEPLOY, "instance-conf"))
+            text = text.replace(RELEASE, ROOT)
         with open(os.path.join(vdir, name), "w") as f:
             f.write(text)
     os.symlink("idem@.service", os.path.join(vdir, "idem@api1.service"))
@@ -142,6 +153,56 @@ if shutil.which("systemd-analyze"):
          "systemd-analyze verify: not a word about either unit", v.stdout + v.stderr)
 else:
     t.note("systemd-analyze is not installed: the units were only parsed")
+
+# --- make test-upgrade in a deployed release ---------------------------------------------
+# A release as step 2 makes it: a clone without the previous release's
+# commit (here: the tracked files as they are, one commit), built prod.
+# make test-upgrade refuses it before it builds anything: the tree keeps
+# its prod build (it once built the dev flavor over it, then refused).
+rel = tempfile.mkdtemp(prefix="idem-release-")
+atexit.register(shutil.rmtree, rel, True)
+tracked = subprocess.run(["git", "-C", ROOT, "ls-files", "-z"], capture_output=True,
+                         check=True).stdout.decode().split("\0")
+for f in filter(None, tracked):
+    src = os.path.join(ROOT, f)
+    if os.path.isfile(src) and not os.path.islink(src):
+        os.makedirs(os.path.join(rel, os.path.dirname(f)), exist_ok=True)
+        shutil.copy2(src, os.path.join(rel, f))
+git = ["git", "-C", rel, "-c", "user.name=t", "-c", "user.email=t@localhost"]
+for g in (["init", "-q"], ["add", "-A"], ["commit", "-qm", "the release"]):
+    subprocess.run(git + g, check=True, capture_output=True)
+with open(os.path.join(rel, ".build-flavor"), "w") as f:
+    f.write("prod\n")
+os.symlink("release.so", os.path.join(rel, "app.so"))
+# A bound on a hang (the old order built the module first), not a verdict.
+up = subprocess.run(["make", "-s", "-C", rel, "test-upgrade"], capture_output=True, text=True,
+                    timeout=900, env=dict(os.environ, IDEM_TEST_CLUSTER_PORT=str(free_port())))
+t.ok(up.returncode != 0 and "not in this clone's history" in up.stderr and
+     "development checkout" in up.stderr, "make test-upgrade in a deployed release: "
+     "refused, told to run in a development checkout", up.stdout + up.stderr)
+t.eq((open(os.path.join(rel, ".build-flavor")).read(), os.readlink(os.path.join(rel, "app.so")),
+      sorted(n for n in os.listdir(rel) if n.endswith(".so"))),
+     ("prod\n", "release.so", ["app.so"]), "and built nothing over its prod build")
+
+# --- a rollback to 1.0.0: the installed instance-conf serves its kore.conf ----------------
+first, commit = next(l.split() for l in open(os.path.join(ROOT, "RELEASES"))
+                     if l.strip() and not l.startswith("#"))
+shown = subprocess.run(["git", "-C", ROOT, "show", f"{commit}:kore.conf"], capture_output=True,
+                       text=True)
+if shown.returncode == 0:
+    old = os.path.join(rel, "old")
+    os.makedirs(os.path.join(old, "run"))
+    with open(os.path.join(old, "kore.conf"), "w") as f:
+        f.write(shown.stdout)
+    open(os.path.join(old, "app.so"), "w").close()
+    made = subprocess.run([os.path.join(DEPLOY, "instance-conf"), old, os.path.join(old, "run")],
+                          capture_output=True, text=True, timeout=60)
+    conf = open(os.path.join(old, "run", "kore.conf")).read() if made.returncode == 0 else ""
+    t.ok(re.search(rf"^load {re.escape(os.path.realpath(old))}/app\.so ", conf, re.M) and
+         f"pidfile {old}/run/kore.pid" in conf, f"instance-conf makes release {first}'s "
+         "kore.conf (a rollback to it under these units)", made.stderr + conf)
+else:
+    t.note(f"release {first} ({commit}) is not in this clone: its kore.conf was not tried")
 
 # --- the example environment files ----------------------------------------------------
 documented = set()
@@ -179,6 +240,7 @@ if applied < int(limit):
 
 def command(line, instance):
     """A unit's command line with %i and the paths of this machine put in."""
+    line = line.replace(INSTANCE_CONF, os.path.join(DEPLOY, "instance-conf"))
     line = line.replace(RELEASE, ROOT).replace("/run/idem/%i", os.path.join(run, instance))
     return shlex.split(line.replace("%i", instance))
 
