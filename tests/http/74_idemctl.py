@@ -274,6 +274,25 @@ t.ok(any(l.strip().startswith("payments: ") for l in story.stdout.splitlines()) 
      story.out)
 t.ok("access log: not searched" in story.stdout, "no log named: it says so")
 
+# A refund's saved 201 holds our refund_id (a number) and the provider's
+# in provider_refund_id: its story marks nothing late and records nothing.
+rkey = new_key("ctl-refund")
+rf = post(api.port, "/v1/refunds", {"payment_id": p.json()["payment_id"], "amount": 500},
+          key=rkey)
+t.eq(rf.status, 201, "a refund of it")
+story = idemctl("key", "shop-1", rkey, IDEM_PROVIDER_URL=provider.url)
+# The provider's section (the business rows have a "refunds:" line too).
+at_provider = story.stdout.partition("\n  charges: ")[2]
+refunds = [json.loads(l.split(": ", 1)[1]) for l in at_provider.splitlines()
+           if l.strip().startswith("refunds: {")]
+t.ok(story.returncode == 0 and [r.get("refund_id") for r in refunds] ==
+     [rf.json()["provider_refund_id"]] and "LATE" not in story.stdout and
+     "is late" not in story.stdout,
+     "key of a refund: its own refund at the provider, not marked late",
+     story.out)
+t.eq(sql_value(f"select count(*) from late_operations where idem_key = '{rkey}'"), "0",
+     "and nothing recorded in late_operations")
+
 none = idemctl("key", "shop-1", "ctl-no-such-key")
 t.ok(none.returncode != 0 and "no key" in none.stderr, "an unknown key is refused, with why",
      none.out)
