@@ -115,6 +115,15 @@ try:
     t.ok("nothing to apply" in migrate(url, "--dry-run").stdout,
          "and --dry-run says there is nothing to apply")
 
+    # --- a database it cannot reach: named, never its password ---------------
+    for bad_url in ("host=127.0.0.1 port=1 dbname=x user=x password=idem-secret-pw "
+                    "connect_timeout=3",
+                    "postgresql://x:idem-secret-pw@127.0.0.1:1/x?connect_timeout=3"):
+        r = migrate(bad_url)
+        t.ok(r.returncode != 0 and "cannot query the database" in r.stderr and
+             "*****" in r.stderr and "idem-secret-pw" not in r.out,
+             "a database it cannot reach is named with its password masked", r.out)
+
     # --- a changed file, and a new one beside it ---------------------------
     changed = sql_copy("changed", add=[("900_new.sql", "create table migrate_new (a int);\n")])
     with open(os.path.join(changed, SQL[1]), "a") as f:
