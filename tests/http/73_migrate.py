@@ -162,6 +162,24 @@ try:
          "900_bad.sql" not in recorded(url) and not table_exists(url, "migrate_after"),
          "a failing migration is named, not recorded, and stops the run", r.out)
 
+    # A file with a COMMIT of its own would commit its first half unrecorded.
+    halves = sql_copy("commit", add=[
+        ("900_halves.sql", "create table migrate_half (a int);\ncommit;\n"
+                           "create table migrate_other_half (a int);\n"),
+        ("901_body.sql", "-- commit;\ncreate function migrate_body() returns void\n"
+                         "language plpgsql as $$ begin perform 'commit;'; end $$;\n")])
+    listed = migrate(url, "--dry-run", sql_dir=halves)
+    t.ok(listed.returncode != 0 and "would refuse: 900_halves.sql" in listed.stderr and
+         "line 2: commit" in listed.stderr and "would apply nothing" in listed.stdout,
+         "--dry-run: a migration with a top-level COMMIT would be refused, its line named",
+         listed.out)
+    r = migrate(url, sql_dir=halves)
+    t.ok(r.returncode != 0 and "refused: 900_halves.sql" in r.stderr and
+         "901_body.sql" not in r.stderr and not table_exists(url, "migrate_half") and
+         "900_halves.sql" not in recorded(url),
+         "make migrate refuses it before applying anything (a BEGIN ... END in a function's "
+         "body, a commit in a comment are not refused)", r.out)
+
     # --- a database an earlier release made ---------------------------------
     # 1.0.0 (RELEASES) applied every file of its sql/ on every run, with
     # no version table (its scripts/lib.sh migrate: psql -1 -f each).
