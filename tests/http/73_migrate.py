@@ -367,6 +367,24 @@ try:
     wait_until(lambda: "schema ahead" in api.read_log(), "the start's log to name it")
     t.ok("999_newer_release.sql" in api.read_log(), "its start's log names a schema ahead")
 
+    # A URL's own options (its search_path) hold for the start's check too.
+    api.stop()
+    pathed = database("search_path")
+    psql(pathed, "create schema idem_elsewhere")
+    pathed += " options='-c search_path=idem_elsewhere'"
+    r = migrate(pathed)
+    t.ok(r.returncode == 0 and table_exists(pathed, "idem_elsewhere.schema_migrations"),
+         "a database migrated into the schema its URL's search_path names", r.out)
+    api = Api(name="api-migrate-path")
+    api.env["IDEM_DATABASE_URL"] = pathed
+    api.start()
+    wait_until(lambda: re.search(r"schema (current|behind|ahead|not)", api.read_log()),
+               "the start's check to log")
+    log = api.read_log()
+    t.ok("schema current" in log and "schema not migrated" not in log,
+         "the start's check connects with the URL's options: schema current",
+         log[-1500:])
+
     # Every answer carries the release: Kore's own bare ones too.
     with socket.create_connection(("127.0.0.1", api.port), timeout=10) as s:
         s.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-Bad: \x01\r\n\r\n")
