@@ -254,3 +254,10 @@ signal.signal(signal.SIGTTOU, signal.SIG_IGN)
 fd = os.open("/dev/tty", os.O_RDWR)
 os.tcsetpgrp(fd, int(sys.argv[1]))' "$1" 2>/dev/null || true
 }
+
+# A database URL as it may be shown (a message, a log): its password, in
+# a connection string's password= or a URI's user:password@, masked.
+url_shown() {
+	sed -E 's/(password[[:space:]]*=[[:space:]]*)('"'"'[^'"'"']*'"'"'|[^ ]*)/\1*****/g;
+	    s#(://[^:/@]*:)[^@/]*@#\1*****@#; s/([?&]password=)[^&]*/\1*****/g' <<<"$1"
+}

@@ -462,6 +462,12 @@ def field_schema(f, limits):
             s["enum"] = limits["values"].split("|")
     rule = limits["rule"]
     s["description"] = f"{desc} {rule[0].upper()}{rule[1:]}."
+    # JSON Schema counts a string's length in characters; the service
+    # counts bytes of UTF-8: maxLength is an upper bound the service may
+    # refuse below (100 "é" are 100 characters, 200 bytes).
+    if "maxLength" in s:
+        s["description"] += (" Its length is counted in bytes of UTF-8 (maxLength counts "
+                              "characters): a character outside ASCII counts 2 to 4.")
     s["x-idem-kind"] = kind
     return s
 

@@ -51,19 +51,25 @@ comment on column late_operations.found_by is
 comment on column late_operations.handled_at is
     'When an operator dealt with it (scripts/idemctl late handle).';
 
--- The provider id a finished key saved as its success (a payment's
--- charge_id, a refund's refund_id in its saved 201), else null.
+-- The provider id a finished key saved as its success, else null: the
+-- member of its saved 201 that holds the provider's id, per operation. A
+-- refund's refund_id is our own number; the provider's is
+-- provider_refund_id. Any other lease operation is a kind of charge
+-- (payments' provider call: docs/adding-an-operation.md) and saves
+-- charge_id; one whose answer names the provider's id otherwise gets its
+-- own line here. scripts/idemctl's saved_id() says the same.
 create or replace function late_settled_id(k idempotency_keys)
 returns text
 language sql immutable as $$
 	select case when k.status = 'done' and k.status_code between 200 and 299
-	    then coalesce(k.response::jsonb ->> 'charge_id',
-		k.response::jsonb ->> 'refund_id') end;
+	    then k.response::jsonb ->> case k.operation
+		when 'refunds.create' then 'provider_refund_id'
+		else 'charge_id' end end;
 $$;
 
 comment on function late_settled_id(idempotency_keys) is
-    'The provider id a key saved as its success (charge_id, refund_id), or '
-    'null.';
+    'The provider id a key saved as its success (a refund''s '
+    'provider_refund_id, any other operation''s charge_id), or null.';
 
 -- Records a late operation once (by its provider id): recorded true when
 -- this call added it; false when it was recorded before, or when it is

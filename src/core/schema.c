@@ -90,9 +90,26 @@ schema_check_at_start(void)
 static void
 schema_check(void)
 {
-	PGconn		*conn;
-	PGresult	*res;
-	const char	*keys[4], *values[4], *params[1], *state;
+	PGconn			*conn;
+	PGresult		*res;
+	PQconninfoOption	*opts, *o;
+	struct kore_buf		options;
+	const char		*keys[4], *values[4], *params[1], *state;
+
+	/*
+	 * The URL's own options (a search_path, say) kept, the statement's
+	 * bound after them, as db.c's dsn_build() merges its own.
+	 */
+	kore_buf_init(&options, 128);
+	if ((opts = PQconninfoParse(settings.database_url, NULL)) != NULL) {
+		for (o = opts; o->keyword != NULL; o++) {
+			if (!strcmp(o->keyword, "options") && o->val != NULL &&
+			    *o->val != '\0')
+				kore_buf_appendf(&options, "%s ", o->val);
+		}
+		PQconninfoFree(opts);
+	}
+	kore_buf_appendf(&options, "%s", SCHEMA_STATEMENT_OPTION);
 
 	/* The URL's own settings first; the bounds after it win. */
 	keys[0] = "dbname";
@@ -100,11 +117,12 @@ schema_check(void)
 	keys[1] = "connect_timeout";
 	values[1] = SCHEMA_CONNECT_TIMEOUT;
 	keys[2] = "options";
-	values[2] = SCHEMA_STATEMENT_OPTION;
+	values[2] = kore_buf_stringify(&options, NULL);
 	keys[3] = NULL;
 	values[3] = NULL;
 
 	conn = PQconnectdbParams(keys, values, 1);
+	kore_buf_cleanup(&options);
 	if (PQstatus(conn) != CONNECTION_OK) {
 		kore_log(LOG_NOTICE, "schema not checked at start: the database "
 		    "refused or did not answer (/healthz will say why)");

@@ -1,8 +1,11 @@
 """make migrate, the production path of the schema (scripts/migrate), and
 the service's view of it: each migration of sql/ applied once, in order,
 recorded with its checksum; a changed applied file refused and named;
---dry-run lists and changes nothing; a database an earlier release made
-(sql/ applied by its migrate, no version table) adopted; make db refuses
+--dry-run lists and changes nothing; two migrators at once apply each
+file once; a database an earlier release made (sql/ applied by its
+migrate, no version table, or an empty one) adopted in one transaction,
+its files recorded and not run again, refused when it lacks what they
+make; make db refuses
 to load the dev data into a database other than the embedded one. The
 service says its release on every answer and in /healthz, and names a
 database whose schema is behind (503) or ahead (200) of it, at start in
@@ -17,8 +20,8 @@ import subprocess
 import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "lib"))
-from harness import (DB_URL, ROOT, TMP, Api, Kore, Tap, new_key,  # noqa: E402
-                     request, wait_until)
+from harness import (DB_URL, ROOT, TMP, Api, Kore, PsqlSession, Tap,  # noqa: E402
+                     new_key, request, wait_until)
 
 t = Tap()
 admin = re.sub(r"dbname=\S+", "dbname=postgres", DB_URL)
@@ -112,6 +115,15 @@ try:
     t.ok("nothing to apply" in migrate(url, "--dry-run").stdout,
          "and --dry-run says there is nothing to apply")
 
+    # --- a database it cannot reach: named, never its password ---------------
+    for bad_url in ("host=127.0.0.1 port=1 dbname=x user=x password=idem-secret-pw "
+                    "connect_timeout=3",
+                    "postgresql://x:idem-secret-pw@127.0.0.1:1/x?connect_timeout=3"):
+        r = migrate(bad_url)
+        t.ok(r.returncode != 0 and "cannot query the database" in r.stderr and
+             "*****" in r.stderr and "idem-secret-pw" not in r.out,
+             "a database it cannot reach is named with its password masked", r.out)
+
     # --- a changed file, and a new one beside it ---------------------------
     changed = sql_copy("changed", add=[("900_new.sql", "create table migrate_new (a int);\n")])
     with open(os.path.join(changed, SQL[1]), "a") as f:
@@ -150,27 +162,145 @@ try:
          "900_bad.sql" not in recorded(url) and not table_exists(url, "migrate_after"),
          "a failing migration is named, not recorded, and stops the run", r.out)
 
+    # A file with a COMMIT of its own would commit its first half unrecorded.
+    halves = sql_copy("commit", add=[
+        ("900_halves.sql", "create table migrate_half (a int);\ncommit;\n"
+                           "create table migrate_other_half (a int);\n"),
+        ("901_body.sql", "-- commit;\ncreate function migrate_body() returns void\n"
+                         "language plpgsql as $$ begin perform 'commit;'; end $$;\n")])
+    listed = migrate(url, "--dry-run", sql_dir=halves)
+    t.ok(listed.returncode != 0 and "would refuse: 900_halves.sql" in listed.stderr and
+         "line 2: commit" in listed.stderr and "would apply nothing" in listed.stdout,
+         "--dry-run: a migration with a top-level COMMIT would be refused, its line named",
+         listed.out)
+    r = migrate(url, sql_dir=halves)
+    t.ok(r.returncode != 0 and "refused: 900_halves.sql" in r.stderr and
+         "901_body.sql" not in r.stderr and not table_exists(url, "migrate_half") and
+         "900_halves.sql" not in recorded(url),
+         "make migrate refuses it before applying anything (a BEGIN ... END in a function's "
+         "body, a commit in a comment are not refused)", r.out)
+
     # --- a database an earlier release made ---------------------------------
     # 1.0.0 (RELEASES) applied every file of its sql/ on every run, with
     # no version table (its scripts/lib.sh migrate: psql -1 -f each).
-    old = database("old")
     v100 = open(os.path.join(ROOT, "RELEASES")).read()
     commit = re.search(r"^1\.0\.0\s+([0-9a-f]{7,40})", v100, re.M).group(1)
     names = subprocess.run(["git", "ls-tree", "--name-only", f"{commit}:sql"], cwd=ROOT,
                            check=True, capture_output=True, text=True).stdout.split()
-    for f in names:
-        text = subprocess.run(["git", "show", f"{commit}:sql/{f}"], cwd=ROOT, check=True,
-                              capture_output=True, text=True).stdout
-        subprocess.run(["psql", old, "-Xq1", "-v", "ON_ERROR_STOP=1", "-o", "/dev/null",
-                        "-f", "-"], input=text, check=True, capture_output=True, text=True)
+    names = [f for f in names if f.endswith(".sql")]
+
+    def old_database(suffix, files=names):
+        """A database 1.0.0's make db made (of its files, those given)."""
+        u = database(suffix)
+        for f in files:
+            text = subprocess.run(["git", "show", f"{commit}:sql/{f}"], cwd=ROOT, check=True,
+                                  capture_output=True, text=True).stdout
+            subprocess.run(["psql", u, "-Xq1", "-v", "ON_ERROR_STOP=1", "-o", "/dev/null",
+                            "-f", "-"], input=text, check=True, capture_output=True, text=True)
+        return u
+
+    # A file run again replaces its functions: their catalog rows change
+    # (xmin). These are replaced by no migration after 1.0.0.
+    RUN_AGAIN = ("select string_agg(p.proname || '=' || p.xmin::text, ' ' order by p.proname)"
+                 "  from pg_proc p where p.proname in ('idem_operation', 'tx_run',"
+                 " 'lease_complete', 'order_create', 'bonus_transfer', 'payment_settle',"
+                 " 'refund_settle') and pg_function_is_visible(p.oid)")
+
+    old = old_database("old")
     psql(old, "insert into clients values ('old-shop', repeat('a', 64))")
+    listed = migrate(old, "--dry-run")
+    t.eq([l for l in listed.stdout.splitlines() if l.startswith("would ")],
+         [f"would record (1.0.0's) {f}" if f in names else f"would apply {f}" for f in SQL],
+         "--dry-run on a database 1.0.0 made: it would record 1.0.0's files, apply the rest")
+    t.ok(not table_exists(old, "schema_migrations"), "and changes nothing")
+    before = psql(old, RUN_AGAIN)
     adopted = migrate(old)
     t.ok(adopted.returncode == 0 and "an earlier release made; adopting it" in adopted.out,
          "make migrate adopts a database 1.0.0 made, and says so", adopted.out)
+    t.eq([l for l in adopted.stdout.splitlines() if l.startswith(("recorded ", "applied "))],
+         [f"recorded {f} (1.0.0's, already applied)" if f in names else f"applied {f}"
+          for f in SQL], "it records 1.0.0's files and applies only the others")
+    t.eq(psql(old, RUN_AGAIN), before, "1.0.0's files were not run again (their functions' "
+         "catalog rows unchanged)")
     t.eq(recorded(old), {f: sha(os.path.join(ROOT, "sql", f)) for f in SQL},
          "every migration recorded with its checksum")
+    t.eq(psql(old, "select count(*) from schema_migrations where release = '1.0.0'"),
+         str(len(names)), "1.0.0's recorded as 1.0.0's")
     t.eq(psql(old, "select client_id from clients"), "old-shop", "its rows kept")
     t.ok("applied " not in migrate(old).stdout, "and the next run applies nothing")
+
+    # A run stopped after it made the version table and before it wrote a
+    # row (an earlier migrate did that in two transactions): still adopted.
+    empty = old_database("old_empty")
+    psql(empty, "create table schema_migrations (name text primary key, checksum text not null,"
+         " release text not null, applied_at timestamptz not null default now())")
+    before = psql(empty, RUN_AGAIN)
+    r = migrate(empty)
+    t.ok(r.returncode == 0 and "adopting it" in r.out and psql(empty, RUN_AGAIN) == before and
+         recorded(empty) == {f: sha(os.path.join(ROOT, "sql", f)) for f in SQL},
+         "a 1.0.0 database with an empty version table is adopted, nothing run again", r.out)
+
+    # A database that ran only some of 1.0.0's files: refused, the missing
+    # objects named, nothing recorded (not even the version table).
+    part = old_database("old_part", [f for f in names if f < "010"])
+    listed = migrate(part, "--dry-run")
+    t.ok(listed.returncode != 0 and "would refuse to adopt" in listed.stderr and
+         "010_orders_bonuses.sql: relation orders" in listed.stderr and
+         "would apply nothing" in listed.stdout and "would record" not in listed.stdout,
+         "--dry-run on a database that ran part of 1.0.0: would refuse, naming what is "
+         "missing", listed.out)
+    r = migrate(part)
+    t.ok(r.returncode != 0 and "refused to adopt" in r.stderr and
+         "010_orders_bonuses.sql: relation orders" in r.stderr and
+         "020_payments.sql: relation payments" in r.stderr,
+         "make migrate refuses to adopt it, naming each missing object by its file", r.out)
+    t.ok(not table_exists(part, "schema_migrations") and not table_exists(part, "orders"),
+         "and records nothing, applies nothing: no version table, no orders")
+
+    # --- migrators at once ----------------------------------------------------
+    class Session(PsqlSession):
+        def __init__(self, conninfo):
+            self.proc = subprocess.Popen(
+                ["psql", conninfo, "-X", "-A", "-t", "-q", "-v", "ON_ERROR_STOP=1"],
+                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                text=True, bufsize=1)
+
+    def at_once(u, what):
+        """Two make migrate released together: the lock held until both
+        wait on it."""
+        s = Session(u)
+        s.run("begin; select pg_advisory_xact_lock(7220431198601);")
+        e = dict(os.environ, IDEM_DATABASE_URL=u)
+        e.pop("IDEM_MIGRATE_LIST", None)
+        runs = [subprocess.Popen(["make", "-s", "migrate"], cwd=ROOT, env=e, text=True,
+                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+                for _ in range(2)]
+        wait_until(lambda: psql(u, "select count(*) from pg_locks where locktype = 'advisory'"
+                                   " and not granted") == "2", f"both migrators of {what} "
+                   "to wait on the lock", timeout=60)
+        s.run("commit;")
+        s.close()
+        # A bound on a hang, not a verdict.
+        return [(p.wait(timeout=120), p.stdout.read()) for p in runs]
+
+    u = database("race")
+    runs = at_once(u, "a fresh database")
+    out = "".join(o for _, o in runs)
+    t.ok([c for c, _ in runs] == [0, 0] and
+         all(out.count(f"applied {f}\n") == 1 for f in SQL) and
+         recorded(u) == {f: sha(os.path.join(ROOT, "sql", f)) for f in SQL},
+         "two make migrate at once on a fresh database: both succeed, each file applied "
+         "once", out)
+    u = old_database("race_old")
+    before = psql(u, RUN_AGAIN)
+    runs = at_once(u, "a 1.0.0 database")
+    out = "".join(o for _, o in runs)
+    t.ok([c for c, _ in runs] == [0, 0] and psql(u, RUN_AGAIN) == before and
+         all(out.count(f"recorded {f} ") == 1 for f in names) and
+         all(out.count(f"applied {f}\n") == 1 for f in SQL if f not in names) and
+         recorded(u) == {f: sha(os.path.join(ROOT, "sql", f)) for f in SQL},
+         "two at once on a 1.0.0 database: adopted once, nothing of 1.0.0 run again, "
+         "the rest applied once", out)
 
     # --- make db against a database that is not the embedded one ------------
     other = database("other")
@@ -236,6 +366,24 @@ try:
     api.start()
     wait_until(lambda: "schema ahead" in api.read_log(), "the start's log to name it")
     t.ok("999_newer_release.sql" in api.read_log(), "its start's log names a schema ahead")
+
+    # A URL's own options (its search_path) hold for the start's check too.
+    api.stop()
+    pathed = database("search_path")
+    psql(pathed, "create schema idem_elsewhere")
+    pathed += " options='-c search_path=idem_elsewhere'"
+    r = migrate(pathed)
+    t.ok(r.returncode == 0 and table_exists(pathed, "idem_elsewhere.schema_migrations"),
+         "a database migrated into the schema its URL's search_path names", r.out)
+    api = Api(name="api-migrate-path")
+    api.env["IDEM_DATABASE_URL"] = pathed
+    api.start()
+    wait_until(lambda: re.search(r"schema (current|behind|ahead|not)", api.read_log()),
+               "the start's check to log")
+    log = api.read_log()
+    t.ok("schema current" in log and "schema not migrated" not in log,
+         "the start's check connects with the URL's options: schema current",
+         log[-1500:])
 
     # Every answer carries the release: Kore's own bare ones too.
     with socket.create_connection(("127.0.0.1", api.port), timeout=10) as s:

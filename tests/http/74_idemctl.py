@@ -9,6 +9,7 @@ by IDEM_LATE_TABLE), and says when there is none; `late handle` refuses
 an id it does not hold."""
 
 import hashlib
+import http.server
 import json
 import os
 import re
@@ -277,6 +278,25 @@ t.ok(any(l.strip().startswith("payments: ") for l in story.stdout.splitlines()) 
      story.out)
 t.ok("access log: not searched" in story.stdout, "no log named: it says so")
 
+# A refund's saved 201 holds our refund_id (a number) and the provider's
+# in provider_refund_id: its story marks nothing late and records nothing.
+rkey = new_key("ctl-refund")
+rf = post(api.port, "/v1/refunds", {"payment_id": p.json()["payment_id"], "amount": 500},
+          key=rkey)
+t.eq(rf.status, 201, "a refund of it")
+story = idemctl("key", "shop-1", rkey, IDEM_PROVIDER_URL=provider.url)
+# The provider's section (the business rows have a "refunds:" line too).
+at_provider = story.stdout.partition("\n  charges: ")[2]
+refunds = [json.loads(l.split(": ", 1)[1]) for l in at_provider.splitlines()
+           if l.strip().startswith("refunds: {")]
+t.ok(story.returncode == 0 and [r.get("refund_id") for r in refunds] ==
+     [rf.json()["provider_refund_id"]] and "LATE" not in story.stdout and
+     "is late" not in story.stdout,
+     "key of a refund: its own refund at the provider, not marked late",
+     story.out)
+t.eq(sql_value(f"select count(*) from late_operations where idem_key = '{rkey}'"), "0",
+     "and nothing recorded in late_operations")
+
 none = idemctl("key", "shop-1", "ctl-no-such-key")
 t.ok(none.returncode != 0 and "no key" in none.stderr, "an unknown key is refused, with why",
      none.out)
@@ -303,6 +323,47 @@ t.ok(story.returncode == 0 and [c["id"] for c in held] == [s.json()["charge_id"]
      "other key's", story.out)
 sapi.stop()
 mock.kill9()
+
+# A Stripe that always has more: the listing is bounded in time (the
+# key's window, created[lte] included) and in pages, and says when it
+# stopped with more to list.
+class EndlessStripe(http.server.BaseHTTPRequestHandler):
+    paths = []
+
+    def do_GET(self):
+        EndlessStripe.paths.append(self.path)
+        n = len(EndlessStripe.paths)
+        body = json.dumps({"object": "list", "has_more": True, "data": [
+            {"id": f"ch_endless_{n}", "status": "succeeded", "amount": 1,
+             "metadata": {"idempotency_key": "someone-else"}}]}).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args):
+        pass
+
+
+endless = http.server.ThreadingHTTPServer(("127.0.0.1", 0), EndlessStripe)
+threading.Thread(target=endless.serve_forever, daemon=True).start()
+story = idemctl("key", "shop-1", pkey, IDEM_PROVIDER_KIND="stripe", IDEM_PROVIDER_SECRET="sk_test_x",
+                IDEM_PROVIDER_URL=f"http://127.0.0.1:{endless.server_address[1]}")
+endless.shutdown()
+row = sql(f"select extract(epoch from created_at)::bigint, extract(epoch from finished_at)::bigint"
+          f" from idempotency_keys where idem_key = '{pkey}'")[0]
+created, finished = int(row[0]), int(row[1])
+lte = {int(m) for p in EndlessStripe.paths for m in re.findall(r"created\[lte\]=(\d+)", p)}
+t.ok(EndlessStripe.paths and all("created[gte]=" in p and "created[lte]=" in p
+                                 for p in EndlessStripe.paths) and
+     lte == {max(created + 86400, finished) + 3600},
+     "key with stripe lists the key's window: created[lte] at its retention and a margin",
+     f"{EndlessStripe.paths[:2]} created {created}")
+t.ok(story.returncode == 0 and len(EndlessStripe.paths) == 2 * 100 and
+     "stopped listing Stripe's charges after 100 pages" in story.stderr and
+     "charges: INCOMPLETE" in story.stdout,
+     "a listing that hits its page bound with more to list says so", story.out)
 
 # --- late operations -------------------------------------------------------------
 real = idemctl("late")

@@ -134,6 +134,21 @@ t.eq([one(edge_unit, "Service", k) for k in ("User", "Restart", "AmbientCapabili
      ["haproxy", "always", "CAP_NET_BIND_SERVICE"],
      "as the haproxy user, restarted always, allowed ports below 1024")
 
+# The hardening both units share (systemd-analyze security), and each
+# one's capabilities: none for an instance, the low ports for the edge.
+HARDENING = {"NoNewPrivileges": "yes", "ProtectSystem": "strict", "ProtectHome": "yes",
+             "PrivateTmp": "yes", "PrivateDevices": "yes", "ProtectKernelTunables": "yes",
+             "ProtectKernelModules": "yes", "ProtectControlGroups": "yes",
+             "RestrictAddressFamilies": "AF_UNIX AF_INET AF_INET6 AF_NETLINK",
+             "LockPersonality": "yes", "UMask": "0077"}
+for name, u, caps in (("idem@", api_unit, ""), ("idem-edge", edge_unit, "CAP_NET_BIND_SERVICE")):
+    want = dict(HARDENING, CapabilityBoundingSet=caps)
+    got = {k: one(u, "Service", k) for k in want}
+    t.eq(got, want, f"{name}.service is hardened: read-only system, no home, private /tmp "
+         f"and devices, its address families, capabilities {caps or 'none'}")
+t.eq(one(api_unit, "Service", "Environment"), "PGPASSFILE=/etc/idem/pgpass",
+     "the instances read the database's password from /etc/idem/pgpass, not the URL")
+
 # --- systemd's own check --------------------------------------------------------------
 if shutil.which("systemd-analyze"):
     vdir = tempfile.mkdtemp(prefix="idem-units-")
@@ -247,8 +262,9 @@ def command(line, instance):
 
 def as_user(argv, limit=None):
     pre = ["prlimit", f"--nofile={limit}:{limit}", "--"] if limit else []
+    # The unit's NoNewPrivileges=yes and empty CapabilityBoundingSet=.
     return pre + ["setpriv", f"--reuid={uid}", f"--regid={gid}", "--clear-groups",
-                  "--inh-caps=-all"] + argv
+                  "--inh-caps=-all", "--bounding-set=-all", "--no-new-privs"] + argv
 
 
 class Instance:
@@ -262,6 +278,7 @@ class Instance:
         self.env = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"}
         self.env.update(envs["idem.env"])
         self.env.update(envs["api1.env"])
+        self.env.update(dict(v.split("=", 1) for v in api_unit.get(("Service", "Environment"), [])))
         self.env.update(IDEM_DATABASE_URL=tcp_db + f" application_name=deploy-{name}",
                         IDEM_PORT=str(self.port), IDEM_PROVIDER_URL=stripe.url,
                         IDEM_PROVIDER_SECRET=STRIPE_SECRET)

@@ -4,7 +4,7 @@
 -- (once per provider id, never the key's own outcome, never a change to
 -- the key).
 begin;
-select plan(20);
+select plan(23);
 
 insert into idempotency_keys (client_id, idem_key, operation, fingerprint,
     status, lease_id, request)
@@ -93,6 +93,25 @@ select is((select count(*) from late_scans where idem_key = 'late-2'), 0::bigint
 select throws_ok($$select late_operation_record('shop-1', 'late-1', 'payments.create',
     'k', 1, 'ch_x', null, 'guess')$$, '23514', null,
     'what found it is one of the known ways');
+
+-- A refund saves our refund_id (a number) and the provider's id in
+-- provider_refund_id: the latter is its settled operation.
+insert into idempotency_keys (client_id, idem_key, operation, fingerprint,
+    status, lease_id, request, status_code, response, finished_at)
+values ('shop-1', 'late-refund', 'refunds.create', repeat('a', 64), 'done', 1,
+    '{"payment_id":1,"amount":100,"refund_id":"17"}', 201,
+    '{"refund_id":17,"payment_id":1,"provider_refund_id":"re_settled",'
+    '"amount":100,"status":"succeeded"}', now());
+select is((select late_settled_id(k) from idempotency_keys k
+    where idem_key = 'late-refund'), 're_settled',
+    'a refund''s settled id is the provider''s (provider_refund_id), not ours');
+select results_eq($$select recorded, settled_id from
+    late_operation_record('shop-1', 'late-refund', 'refunds.create',
+    'shop-1:late-refund', 1, 're_settled', 100, 'scan')$$,
+    $$values (false, 're_settled'::text)$$,
+    'a refund''s own provider refund is never late');
+select is((select count(*) from late_operations where idem_key = 'late-refund'),
+    0::bigint, 'and not written');
 
 select * from finish();
 rollback;
