@@ -97,6 +97,16 @@ begin
 		return;
 	end if;
 
+	-- <client>:<key>:<n> is also the key "<key>:<n>"'s first generation,
+	-- whose charge a provider that keeps no generation (the fake) lists
+	-- under the key's: while that key exists, the operation is its.
+	if p_generation > 1 and exists (select 1 from idempotency_keys o
+	     where o.client_id = p_client
+	       and o.idem_key = p_key || ':' || p_generation) then
+		return query select false, v_settled, v_status;
+		return;
+	end if;
+
 	insert into late_operations (client_id, idem_key, operation,
 	    provider_key, generation, provider_id, amount, settled_id,
 	    key_status, key_status_code, found_by)

@@ -154,14 +154,26 @@ t.ok(not key_row(key)["leased"] and key_row(key)["response"] is None,
 made = provider.charges(f"shop-1:{key}")
 t.eq(len(made), 1, "the provider did make the charge it is still thinking about")
 busy = api.post("/v1/payments", payment("slow", amount=777), key=key)
-t.ok(busy.status == 409 and busy.json()["type"].endswith("/request-in-progress"),
-     "an immediate retry: the provider still processes the key, 409", busy)
-t.ok(1 <= int(busy.headers.get("retry-after", "0")) <= 3,
-     "with Retry-After: when the provider will have finished (5 s after the charge)",
-     busy.headers)
-t.ok(not key_row(key)["leased"] and key_row(key)["response"] is None,
-     "nothing saved and the lease released again", key_row(key))
-time.sleep(int(busy.headers["retry-after"]))
+# The provider finishes 5 s after the charge: a retry that comes later than
+# that (a loaded machine) rightly gets the charge it made instead of its
+# 409; both are the service's right answers, and either way one charge.
+if busy.status == 201:
+    t.ok(busy.json()["charge_id"] == made[0]["charge_id"],
+         "an immediate retry, once the provider had finished: 201 with that charge", busy)
+    t.eq(len(provider.charges(f"shop-1:{key}")), 1,
+         "one charge (no 409 to see: the provider had finished before the retry)")
+    t.ok(key_row(key)["status"] == "done", "saved", key_row(key))
+    retry_after = 0
+else:
+    t.ok(busy.status == 409 and busy.json()["type"].endswith("/request-in-progress"),
+         "an immediate retry: the provider still processes the key, 409", busy)
+    t.ok(1 <= int(busy.headers.get("retry-after", "0")) <= 3,
+         "with Retry-After: when the provider will have finished (5 s after the charge)",
+         busy.headers)
+    t.ok(not key_row(key)["leased"] and key_row(key)["response"] is None,
+         "nothing saved and the lease released again", key_row(key))
+    retry_after = int(busy.headers["retry-after"])
+time.sleep(retry_after)
 retry = api.post("/v1/payments", payment("slow", amount=777), key=key)
 t.ok(retry.status == 201 and retry.json()["charge_id"] == made[0]["charge_id"],
      "a retry after Retry-After gets 201 with that same charge", retry)
