@@ -38,9 +38,9 @@ def through(proxy, name, conn_max, connect_timeout=5):
 proxy = DbProxy(DELAY)
 api = through(proxy, "api-cold", CONNECTIONS).start()
 # The pools opened at start: 16 for requests, 1 for /healthz, 2 for token
-# lookups, 3 for the jobs (this one worker runs them); and the parent's
+# lookups, 4 for the jobs (this one worker runs them); and the parent's
 # one check of the schema at start.
-at_start = CONNECTIONS + 1 + 2 + 3 + 1
+at_start = CONNECTIONS + 1 + 2 + 4 + 1
 wait_until(lambda: proxy.accepted == at_start,
            f"the worker to open its pools ({at_start} connections)")
 t.eq(proxy.accepted, at_start, "the worker opened its pools when it started")
@@ -68,10 +68,10 @@ api.stop()
 # pgsql_conn_max 0 (no limit): the worker opens 16 for requests all the same.
 proxy = DbProxy(DELAY)
 api = through(proxy, "api-cold-unlimited", 0).start()
-wait_until(lambda: proxy.accepted >= 16 + 1 + 2 + 3 + 1,
+wait_until(lambda: proxy.accepted >= 16 + 1 + 2 + 4 + 1,
            "the worker to open its pools with no limit")
 time.sleep(4 * DELAY)
-t.eq(proxy.accepted, 16 + 1 + 2 + 3 + 1,
+t.eq(proxy.accepted, 16 + 1 + 2 + 4 + 1,
      "with no limit, 16 request connections are opened at start")
 api.stop()
 

@@ -27,8 +27,8 @@ PGDATA = os.environ["IDEM_TEST_PGDATA"]
 DB = sql_value("select current_database()")
 CONN_MAX = 4
 # One worker: pgsql_conn_max for requests, 1 for /healthz, 2 for token
-# lookups, 3 for the jobs (worker 1 runs them): docs/operations.md, The database layer.
-FORMULA_ONE_WORKER = CONN_MAX + 1 + 2 + 3
+# lookups, 4 for the jobs (worker 1 runs them): docs/operations.md, The database layer.
+FORMULA_ONE_WORKER = CONN_MAX + 1 + 2 + 4
 
 
 def url(app, **extra):
@@ -207,7 +207,7 @@ def connections_are_named():
 
 def bursts_hold_the_formula():
     api = api_with("api-db-burst", workers=2).start()
-    formula = 2 * (CONN_MAX + 1 + 2) + 3
+    formula = 2 * (CONN_MAX + 1 + 2) + 4
     wait_until(lambda: connections("api-db-burst") == formula,
                f"the pools to be made ({formula} connections)",
                show=lambda: who("api-db-burst"))

@@ -35,7 +35,7 @@ CLONE_NEWNET = 0x40000000
 t = Tap()
 CONN_MAX = 4
 # One worker: requests, /healthz, token lookups, jobs (docs/operations.md).
-POOLS = CONN_MAX + 1 + 2 + 3
+POOLS = CONN_MAX + 1 + 2 + 4
 CONNECT_TIMEOUT = 2
 # Keepalives find a silent idle connection within 5 + 3 x 1 s, the next
 # attempt spends connect_timeout on the silent address: a bound on a

@@ -31,7 +31,7 @@ from harness import (DB_URL, ROOT, Api, Background, PsqlSession, Tap, get,  # no
 
 t = Tap()
 CONN_MAX = 4
-FORMULA_ONE_WORKER = CONN_MAX + 1 + 2 + 3
+FORMULA_ONE_WORKER = CONN_MAX + 1 + 2 + 4
 
 
 def api_with(name, **env):
