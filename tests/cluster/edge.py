@@ -129,6 +129,13 @@ for tls in (False, True):
     answer = send(order(key("twoauth"), extra=b"Authorization: Bearer dev-shop-2\r\n"), tls)
     problem(answer, 401, "unauthorized", f"{via}: two Authorizations")
     t.eq(answer[1].get("www-authenticate"), "Bearer", f"{via}: with WWW-Authenticate")
+    # 19 fields are forwarded, 20 refused (the edge's X-Request-Id counts;
+    # Connection, which haproxy consumes, does not).
+    for n, status in ((19, 200), (20, 400)):
+        st, hd, _, _ = send(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n" +
+                            b"".join(b"X-F-%d: v\r\n" % i for i in range(n - 1)) +
+                            b"Connection: close\r\n\r\n", tls)
+        t.eq(st, status, f"{via}: a GET of {n} header fields and Connection: {status}")
     filler = b"".join(b"X-Filler-%d: x\r\n" % i for i in range(22))
     problem(send(order(key("late"), extra=filler + b"Idempotency-Key: " + key("late2") +
                        b"\r\n"), tls), 400, "invalid-request",
@@ -353,6 +360,16 @@ t.ok(st == 200 and b'"status"' in data, "HTTP/2 raw: a GET is served", f"{st} {d
 st, data = h2_raw(H2_GET, body_frames=[(0x1, b"")])
 t.ok(st == 200 and b'"status"' in data, "HTTP/2 raw: a GET ended by an empty DATA frame is"
      " served (it reached the instance chunked, refused)", f"{st} {data[:200]!r}")
+# 19 header fields, the most the edge forwards (Host among them; its own
+# X-Request-Id is the 20th): the Content-Length it adds to a GET ended by
+# an empty DATA frame does not count against them.
+FIELDS = H2_GET + [(b"x-f-%d" % i, b"v") for i in range(18)]
+st, data = h2_raw(FIELDS, body_frames=[(0x1, b"")])
+t.ok(st == 200 and b'"status"' in data, "HTTP/2 raw: a GET of 19 header fields ended by an"
+     " empty DATA frame is served", f"{st} {data[:200]!r}")
+st, data = h2_raw(FIELDS + [(b"x-f-18", b"v")], body_frames=[(0x1, b"")])
+t.ok(st == 400 and f"{PUBLIC}/problems/invalid-request".encode() in data,
+     "HTTP/2 raw: one of 20 is refused", f"{st} {data[:200]!r}")
 st, data = h2_raw([f for f in H2_GET if f[0] != b":authority"])
 t.ok(st == 400 and f"{PUBLIC}/problems/invalid-request".encode() in data,
      "HTTP/2 raw: a GET without :authority (nor Host): 400 invalid-request as problem+json",
