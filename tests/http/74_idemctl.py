@@ -3,7 +3,9 @@ the API accepts, listed; revoked, its token is a 401 at every worker once
 IDEM_AUTH_CACHE_SECONDS have passed (the bound the docs state); refusals
 exit non-zero with their reason. `idemctl key` tells a key's story: its
 row, its business rows, the provider's charges under its derived keys
-(the fake provider and the Stripe mock), its access-log lines. `idemctl
+(the fake provider and the Stripe mock; Stripe listed in the key's window
+and within a page bound it says it hit), its access-log lines; a refund's
+own refund is not late. `idemctl
 late` reads the late operations table (late_operations, or another named
 by IDEM_LATE_TABLE), and says when there is none; `late handle` refuses
 an id it does not hold."""
