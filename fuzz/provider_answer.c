@@ -14,9 +14,10 @@
  *	5-12	the Retry-After libcurl read, signed 64-bit little-endian
  *	13	bit 0: a refund rather than a payment (the fake provider's
  *		refund_id rather than charge_id; Stripe's id either way);
- *		bits 1-7, modulo 3: the provider, 0 the fake one, 1 the fake
- *		one keeping its 5xx (IDEM_FAKE_PROVIDER_KEEPS_5XX=1), 2
- *		Stripe
+ *		bits 1-7, v: v modulo 3 the provider, 0 the fake one, 1 the
+ *		fake one keeping its 5xx (IDEM_FAKE_PROVIDER_KEEPS_5XX=1), 2
+ *		Stripe; v / 3 odd: the answer carried a request id header
+ *		(what proves a kept 5xx the provider's own)
  *	14	the length of the error message (libcurl's errbuf), cut to
  *		what is left of the input and to CURL_ERROR_SIZE - 1
  *
@@ -126,6 +127,8 @@ LLVMFuzzerTestOneInput(const u_int8_t *data, size_t len)
 	call.status = (int32_t)little_endian(data + 1, 4);
 	call.retry_after_sent = (curl_off_t)little_endian(data + 5, 8);
 	kind = (data[13] >> 1) % KIND_COUNT;
+	if (((data[13] >> 1) / KIND_COUNT) & 1)
+		(void)snprintf(call.proof, sizeof(call.proof), "req_fuzz");
 	p = kinds[kind];
 	if (kind == KIND_STRIPE)
 		id = "id";
@@ -334,9 +337,21 @@ expected_class(int kind, struct provider_call *call, const char *id)
 		return (e);
 	}
 
+	/*
+	 * Kept only when the provider proves it its own: its error type
+	 * (Stripe's api_error; the fake's internal-error problem) and its
+	 * request id. Any other 5xx (a gateway's) is transient.
+	 */
 	if (st >= 500 && st <= 599) {
-		if (keeps)
+		type = stripe ? member_string(body, "error", "type") :
+		    member_string(body, "type", NULL);
+		if (keeps && call->proof[0] != '\0' && type != NULL &&
+		    (stripe ? (type->len == 9 && !memcmp(type->str,
+		    "api_error", 9)) : (type->len >= 24 && !memcmp(type->str +
+		    type->len - 24, "/problems/internal-error", 24)))) {
 			e.class = PROVIDER_INDETERMINATE;
+			e.problem = PROBLEM_OUTCOME_PENDING;
+		}
 		json_free(body);
 		return (e);
 	}

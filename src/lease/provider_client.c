@@ -66,6 +66,7 @@ TAILQ_HEAD(watch_list, socket_watch);
 
 static int	watch_socket(CURL *, curl_socket_t, int, void *, void *);
 static int	schedule_timeout(CURLM *, long, void *);
+static void	proof_read(struct provider_call *, CURL *);
 static void	socket_ready(void *, int);
 static void	timeout_fired(void *, u_int64_t);
 static void	graveyard_free(void *, u_int64_t);
@@ -360,6 +361,7 @@ collect_finished(void)
 		    &call->status);
 		if (call_resend(call, msg->easy_handle))
 			continue;
+		proof_read(call, msg->easy_handle);
 		/* Kept in the call: provider_answer.c reads nothing else. */
 		if (curl_easy_getinfo(msg->easy_handle, CURLINFO_RETRY_AFTER,
 		    &call->retry_after_sent) != CURLE_OK)
@@ -437,4 +439,23 @@ response_append(char *ptr, size_t size, size_t nmemb, void *udata)
 	kore_buf_append(&call->response, ptr, len);
 
 	return (len);
+}
+
+/*
+ * The answer's request id header, its provider's kept_header (Stripe's
+ * Request-Id), kept in the call for provider_answer.c: a 5xx is the
+ * provider's own, kept under the key, only with it.
+ */
+static void
+proof_read(struct provider_call *call, CURL *easy)
+{
+	struct curl_header	*h;
+
+	call->proof[0] = '\0';
+	if (provider == NULL || provider->kept_header == NULL)
+		return;
+	if (curl_easy_header(easy, provider->kept_header, 0, CURLH_HEADER, -1,
+	    &h) != CURLHE_OK || h->value == NULL)
+		return;
+	(void)kore_strlcpy(call->proof, h->value, sizeof(call->proof));
 }

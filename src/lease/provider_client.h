@@ -35,6 +35,12 @@ struct provider_call {
 	void			(*cb)(struct provider_call *, void *);
 	void			*arg;
 
+	/*
+	 * The answer's request id (its provider's kept_header), when it
+	 * sent one: what proves a kept 5xx its own (provider_answer.c).
+	 */
+	char			proof[64];
+
 	/* Filled by provider_answer_classify(). */
 	char			id[PROVIDER_ID_MAX + 1];
 	char			detail[PROVIDER_DETAIL_MAX];
