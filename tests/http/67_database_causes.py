@@ -141,8 +141,10 @@ def sync_rep(names):
 
 
 def waiting_for_standby():
+    # The order's commit: the instance's jobs (cleanup, recovery, the late
+    # scan) commit too, and wait on the same standby meanwhile.
     return int(sql_value("select count(*) from pg_stat_activity"
-                         " where wait_event = 'SyncRep'"))
+                         " where wait_event = 'SyncRep' and query like '%tx_execute(%'"))
 
 
 def unconfirmed_in_german():
@@ -163,7 +165,8 @@ def unconfirmed_in_german():
     try:
         pending = Background(api.post, "/v1/orders", body, key=key, timeout=30)
         wait_until(lambda: waiting_for_standby() == 1, "the commit to wait for the standby")
-        sql("select pg_cancel_backend(pid) from pg_stat_activity where wait_event = 'SyncRep'")
+        sql("select pg_cancel_backend(pid) from pg_stat_activity where wait_event = 'SyncRep'"
+            " and query like '%tx_execute(%'")
         r = pending.wait(30)
     finally:
         sync_rep("")

@@ -73,12 +73,14 @@ if scenario("stripe"):
         key = new_key("gw-stripe")
         first = api.post("/v1/payments", stripe_payment(), key=key)
         retry = api.post("/v1/payments", stripe_payment(), key=key)
-        released = gw.release()
+        # Only this key's: another test's key that a recovery job takes
+        # up meanwhile goes through the gateway too.
+        released = [r for r in gw.release() if r[0].startswith(f"shop-1:{key}")]
         made = [c["id"] for g in ("", ":2", ":3")
                 for c in mock.charges_of(f"shop-1:{key}{g}")]
         t.ok(first.status == 502 and kind(first) == "provider-unavailable",
              f"key {i + 1}: the gateway's HTML 502 is transient: 502", first)
-        t.ok(retry.status == 201 and gw.held() == [] and
+        t.ok(retry.status == 201 and
              [k for k, _ in released] == [f"shop-1:{key}"],
              f"key {i + 1}: the retry sent the same derived key: 201", (retry, released))
         t.ok(made == [charge_id(retry)] and generation(key) == "1",
@@ -152,7 +154,8 @@ if scenario("proof"):
         key = new_key("proof")
         r = api.post("/v1/payments", stripe_payment(), key=key)
         again = api.post("/v1/payments", stripe_payment(), key=key)
-        keys = [c[1] for c in stub.calls]
+        # This key's calls (a recovery job may send another test's keys).
+        keys = [c[1] for c in stub.calls if c[1] and c[1].startswith(f"shop-1:{key}")]
         if status == 503:
             t.ok(r.status == 503 and kind(r) == "outcome-pending" and
                  kind(again) == "outcome-pending" and keys == [f"shop-1:{key}"],
