@@ -546,7 +546,7 @@ def main():
         row("API `POST /v1/orders`, replays of one key", replay, lookup),
         row("ceiling: reserve + provider charge + complete", pay_sql),
         row("API `POST /v1/payments`, fresh keys, provider latency 0", pay, pay_sql),
-        row("ceiling: `lease_reserve()` on a finished key", R["db_pay_replay"]),
+        row("ceiling: `lease_reserve_v2()` on a finished key", R["db_pay_replay"]),
         row("API `POST /v1/payments`, replays of one key", R["api_pay_replay"],
             R["db_pay_replay"]),
         row("API bare handler: `POST /v1/orders` without a token (401, no database)",

@@ -294,7 +294,7 @@ proctype attempt(byte me)
 
 end_flow:
 	do
-	/* reserve (flow_reserve, lease_reserve()) */
+	/* reserve (flow_reserve, lease_reserve_v2()) */
 	:: atomic { state == LEASE_RESERVE ->
 		to_come[me] = 0;
 		retry = 0;
@@ -319,7 +319,7 @@ end_flow:
 		fi }
 
 	/*
-	 * claim (flow_claim, lease_recover_claim()): an abandoned key, not
+	 * claim (flow_claim, lease_recover_claim_v2()): an abandoned key, not
 	 * one in its settle window (its recover_at is the window's end).
 	 */
 	:: atomic { state == LEASE_CLAIM && row_status == IN_PROGRESS &&

@@ -13,11 +13,20 @@
 -- lists first, and only a listing that finds nothing moves the key to its
 -- next generation (generation_at: when the current one was taken).
 --
--- The functions of 003_lease.sql keep their signatures, so that the
--- instances of a rolling upgrade that still call them keep working: the
--- ones that answer rows gain columns at the end (an older instance names
--- the columns it reads); the ones whose behaviour changes get an overload
--- with one more argument, and the older one stays as it was.
+-- The functions of 003_lease.sql keep their names, arguments and result
+-- types, and none is dropped, so that the instances of a rolling upgrade
+-- that still call them keep working: a call of the previous release may be
+-- running inside one of them while this file commits (waiting on the lock
+-- of the alter table below), and its next statement then runs the new
+-- definitions. The ones that answer rows answer this release's rows in
+-- new functions (lease_answer_v2, lease_reserve_v2,
+-- lease_recover_claim_v2: two more columns), and the old ones become
+-- their older columns (a key in its settle window is in_flight to them);
+-- the ones whose arguments change get an overload with one more argument.
+-- (This file once dropped lease_answer and made it again with more
+-- columns: the previous release's lease_reserve(), waiting on the alter
+-- table, then ran "select * from lease_answer()" into its own result
+-- type and failed, 42804: make test-upgrade.)
 
 alter table idempotency_keys add column if not exists settle_until
     timestamptz;
@@ -34,28 +43,11 @@ comment on column idempotency_keys.generation_at is
     'generation 1, taken at created_at). A generation older than the '
     'provider''s key retention less a margin is listed, never sent again.';
 
--- The shapes without settling and generation_age: dropped once, so that
--- these can be made with the new columns.
-do $$
-declare
-	v_fn	regprocedure;
-begin
-	for v_fn in select p.oid::regprocedure from pg_proc p
-	     where p.proname in ('lease_answer', 'lease_reserve',
-		   'lease_recover_claim')
-	       and p.pronamespace = current_schema()::regnamespace
-	       and pg_get_function_result(p.oid) not like '%generation_age%'
-	loop
-		execute format('drop function %s', v_fn);
-	end loop;
-end;
-$$;
-
 -- As in 003_lease.sql, and: a key in its settle window is in_flight with
 -- settling true, retry_after the seconds until the window ends (an older
 -- instance answers it as a 409 with that Retry-After); generation_age is
 -- the age of the current generation, by the database's clock.
-create or replace function lease_answer(p_client text, p_key text,
+create or replace function lease_answer_v2(p_client text, p_key text,
     p_operation text, p_fingerprint text)
 returns table (outcome text, lease_id bigint, status_code int,
     response text, retry_after int, request jsonb, generation int,
@@ -90,13 +82,13 @@ language sql stable as $$
 	 where k.client_id = p_client and k.idem_key = p_key;
 $$;
 
-comment on function lease_answer(text, text, text, text) is
-    'The state of an existing key as lease_reserve() answers it; age_ms '
+comment on function lease_answer_v2(text, text, text, text) is
+    'The state of an existing key as lease_reserve_v2() answers it; age_ms '
     'and standby as tx_execute() answers them, for the replay cache; '
     'settling: in its settle window (in_flight, retry_after until it ends).';
 
 -- As in 003_lease.sql, and a key in its settle window is not taken over.
-create or replace function lease_reserve(p_client text, p_key text,
+create or replace function lease_reserve_v2(p_client text, p_key text,
     p_operation text, p_fingerprint text, p_request jsonb,
     p_lease_seconds int, p_call_ms int)
 returns table (outcome text, lease_id bigint, status_code int,
@@ -121,7 +113,7 @@ declare
 begin
 	-- A retry that can be answered from the row is answered without the
 	-- upsert below, which would lock the row (and serialise replays).
-	return query select * from lease_answer(p_client, p_key, p_operation,
+	return query select * from lease_answer_v2(p_client, p_key, p_operation,
 	    p_fingerprint) a where a.outcome <> 'expired';
 	if found then
 		perform idem_confirm();
@@ -184,7 +176,7 @@ begin
 	if not found then
 		-- Another attempt took or finished the key meanwhile, or it
 		-- is in its settle window.
-		return query select * from lease_answer(p_client, p_key,
+		return query select * from lease_answer_v2(p_client, p_key,
 		    p_operation, p_fingerprint);
 		perform idem_confirm();
 		return;
@@ -232,7 +224,7 @@ begin
 end;
 $$;
 
-comment on function lease_reserve(text, text, text, text, jsonb, int, int) is
+comment on function lease_reserve_v2(text, text, text, text, jsonb, int, int) is
     'Lease strategy, step 1: reserved or taken_over (with the lease_id that '
     'fences this attempt, the request to send, the generation of the '
     'provider key, whether it must be reconciled first and the age of the '
@@ -242,7 +234,7 @@ comment on function lease_reserve(text, text, text, text, jsonb, int, int) is
     'ends) or replayed (with the saved response).';
 
 -- As in 003_lease.sql, and a key in its settle window is passed over.
-create or replace function lease_recover_claim(p_after_seconds int,
+create or replace function lease_recover_claim_v2(p_after_seconds int,
     p_lease_seconds int, p_call_ms int, p_operations text[] default null)
 returns table (client_id text, idem_key text, lease_id bigint,
     operation text, request jsonb, generation int, reconcile boolean,
@@ -278,11 +270,66 @@ language sql as $$
 		k.created_at))::double precision;
 $$;
 
-comment on function lease_recover_claim(int, int, int, text[]) is
+comment on function lease_recover_claim_v2(int, int, int, text[]) is
     'Recovery: claims one key abandoned for more than p_after_seconds (or, '
     'after an attempt of the job, due again at recover_at), never one in '
     'its settle window, with a new lease and fencing token, and returns '
     'what is needed to call the provider again with the same derived key.';
+
+-- The previous release's three, as it reads them: this release's rows
+-- without their last two columns (a key in its settle window is in_flight,
+-- retry_after until the window ends; an older instance answers it 409).
+create or replace function lease_answer(p_client text, p_key text,
+    p_operation text, p_fingerprint text)
+returns table (outcome text, lease_id bigint, status_code int,
+    response text, retry_after int, request jsonb, generation int,
+    reconcile boolean, taken_at double precision,
+    reconcile_until double precision, age_ms bigint, standby boolean)
+language sql stable as $$
+	select a.outcome, a.lease_id, a.status_code, a.response,
+	       a.retry_after, a.request, a.generation, a.reconcile, a.taken_at,
+	       a.reconcile_until, a.age_ms, a.standby
+	  from lease_answer_v2(p_client, p_key, p_operation, p_fingerprint) a;
+$$;
+
+create or replace function lease_reserve(p_client text, p_key text,
+    p_operation text, p_fingerprint text, p_request jsonb,
+    p_lease_seconds int, p_call_ms int)
+returns table (outcome text, lease_id bigint, status_code int,
+    response text, retry_after int, request jsonb, generation int,
+    reconcile boolean, taken_at double precision,
+    reconcile_until double precision, age_ms bigint, standby boolean)
+language sql as $$
+	select r.outcome, r.lease_id, r.status_code, r.response,
+	       r.retry_after, r.request, r.generation, r.reconcile, r.taken_at,
+	       r.reconcile_until, r.age_ms, r.standby
+	  from lease_reserve_v2(p_client, p_key, p_operation, p_fingerprint,
+	      p_request, p_lease_seconds, p_call_ms) r;
+$$;
+
+create or replace function lease_recover_claim(p_after_seconds int,
+    p_lease_seconds int, p_call_ms int, p_operations text[] default null)
+returns table (client_id text, idem_key text, lease_id bigint,
+    operation text, request jsonb, generation int, reconcile boolean,
+    taken_at double precision, reconcile_until double precision)
+language sql as $$
+	select c.client_id, c.idem_key, c.lease_id, c.operation, c.request,
+	       c.generation, c.reconcile, c.taken_at, c.reconcile_until
+	  from lease_recover_claim_v2(p_after_seconds, p_lease_seconds,
+	      p_call_ms, p_operations) c;
+$$;
+
+comment on function lease_answer(text, text, text, text) is
+    'The previous release''s lease_answer(): lease_answer_v2() without '
+    'settling and generation_age.';
+comment on function lease_reserve(text, text, text, text, jsonb, int, int) is
+    'The previous release''s lease_reserve(), for its instances during a '
+    'rolling upgrade: lease_reserve_v2() without settling and '
+    'generation_age (a key in its settle window is in_flight).';
+comment on function lease_recover_claim(int, int, int, text[]) is
+    'The previous release''s lease_recover_claim(), for its recovery jobs '
+    'during a rolling upgrade: lease_recover_claim_v2() without '
+    'generation_age.';
 
 -- As lease_release(text, text, bigint, boolean, int, int), and a proven
 -- indeterminate answer (p_indeterminate) starts the settle window of
@@ -340,7 +387,7 @@ declare
 begin
 	-- A generation n whose provider key <client>:<key>:<n> is already the
 	-- client key "<key>:<n>"'s generation 1 is passed over (see
-	-- lease_reserve()), under the same lock.
+	-- lease_reserve_v2()), under the same lock.
 	perform pg_advisory_xact_lock(hashtextextended(p_client || ':' ||
 	    p_key, 0));
 	while exists (select 1 from idempotency_keys o

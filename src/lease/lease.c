@@ -44,13 +44,13 @@
 #define LEASE_RESERVE_SQL						\
 	"SELECT outcome, lease_id, status_code, response, retry_after, "	\
 	"request, generation, reconcile, taken_at, reconcile_until, "	\
-	"age_ms, standby, settling, generation_age FROM lease_reserve($1, "	\
-	"$2, $3, $4, $5::jsonb, $6::int, $7::int)"
+	"age_ms, standby, settling, generation_age FROM "		\
+	"lease_reserve_v2($1, $2, $3, $4, $5::jsonb, $6::int, $7::int)"
 
 #define LEASE_CLAIM_SQL							\
 	"SELECT client_id, idem_key, lease_id, operation, request, "	\
 	"generation, reconcile, taken_at, reconcile_until, generation_age "	\
-	"FROM lease_recover_claim($1::int, $2::int, $3::int, $4::text[])"
+	"FROM lease_recover_claim_v2($1::int, $2::int, $3::int, $4::text[])"
 
 #define LEASE_GENERATION_SQL						\
 	"SELECT lease_generation($1, $2, $3::bigint, $4::int, $5::int, "	\
@@ -442,7 +442,7 @@ flow_decide(struct lease_flow *f)
 		f->op = lease_operation(name);
 	}
 
-	/* lease_recover_claim() returns only this build's lease operations. */
+	/* lease_recover_claim_v2() returns only this build's lease operations. */
 	if (f->op == NULL)
 		fatal("recovery claimed %s:%s of '%s', which this build does not "
 		    "run", client, key, f->operation);
@@ -1328,7 +1328,7 @@ lease_respond_answered(struct http_request *req)
 
 	/*
 	 * No row: the cleanup deleted the key between the statements of
-	 * lease_reserve(). Nothing was taken; a retry takes it anew.
+	 * lease_reserve_v2(). Nothing was taken; a retry takes it anew.
 	 */
 	if (db_call_rows(&r->db) == 0) {
 		http_response_header(req, "retry-after", "1");
@@ -1549,7 +1549,7 @@ key_fits(const struct lease_attempt *a)
  * be a plain one: a client id is ^[A-Za-z0-9._-]+$, so a plain form has
  * ':' right after the client, a hashed one '~'. Among plain forms, the
  * key "K:<n>" (generation 1) and generation n of the key "K" spell the same
- * provider key: the two are never both sent. lease_reserve() refuses a new
+ * provider key: the two are never both sent. lease_reserve_v2() refuses a new
  * key "K:<n>" once K has reached generation n (422), and
  * lease_generation() passes over a generation n of K while a key "K:<n>"
  * of the client exists, both under one advisory lock (sql/040). Stripe's

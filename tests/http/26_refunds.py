@@ -163,7 +163,7 @@ k1, k2 = new_key("ref"), new_key("ref")
 lock = PsqlSession()
 lock.run("begin; lock table refunds in share mode;")
 runs = [Background(refund, b2, 6000, k) for k in (k1, k2)]
-wait_until(lambda: waiting_backends("%lease_reserve(%") == 2,
+wait_until(lambda: waiting_backends("%lease_reserve_v2(%") == 2,
            "both refunds to wait in their admit")
 lock.run("commit;")
 lock.close()

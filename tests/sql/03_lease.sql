@@ -3,9 +3,9 @@
 -- release and the fencing rule; and the fake provider's one charge and one
 -- refund per key, and its 409.
 begin;
-select plan(90);
+select plan(91);
 
-create temporary table r1 as select * from lease_reserve('shop-1', 'p-1',
+create temporary table r1 as select * from lease_reserve_v2('shop-1', 'p-1',
     'payments.create', repeat('a', 64),
     '{"amount":100,"currency":"RUB","recipient":"acc"}', 30, 10000);
 select is((select outcome from r1), 'reserved', 'a new key is reserved');
@@ -18,7 +18,7 @@ select is((select status from idempotency_keys where idem_key = 'p-1'),
 select ok((select locked_until > now() + interval '29 seconds'
     from idempotency_keys where idem_key = 'p-1'), 'leased for 30 seconds');
 
-create temporary table r2 as select * from lease_reserve('shop-1', 'p-1',
+create temporary table r2 as select * from lease_reserve_v2('shop-1', 'p-1',
     'payments.create', repeat('a', 64), '{}', 30, 10000);
 select is((select outcome from r2), 'in_flight', 'a duplicate while the lease holds');
 select is((select retry_after from r2), 10,
@@ -26,28 +26,28 @@ select is((select retry_after from r2), 10,
     'its lease ends (30 s)');
 select is((select lease_id from idempotency_keys where idem_key = 'p-1'), 1::bigint,
     'and does not touch the lease');
-select is((select outcome from lease_reserve('shop-1', 'p-1', 'payments.create',
+select is((select outcome from lease_reserve_v2('shop-1', 'p-1', 'payments.create',
     repeat('b', 64), '{}', 30, 10000)), 'mismatch', 'another fingerprint is a mismatch');
-select is((select outcome from lease_reserve('shop-1', 'p-1', 'demo.naive',
+select is((select outcome from lease_reserve_v2('shop-1', 'p-1', 'demo.naive',
     repeat('a', 64), '{}', 30, 10000)), 'mismatch', 'another operation is a mismatch');
 
 update idempotency_keys set call_deadline = now() - interval '1 second'
  where idem_key = 'p-1';
-select is((select retry_after from lease_reserve('shop-1', 'p-1', 'payments.create',
+select is((select retry_after from lease_reserve_v2('shop-1', 'p-1', 'payments.create',
     repeat('a', 64), '{}', 30, 10000)), 1,
     'once the holder''s call has given up (it is releasing, or died): 1 s');
 update idempotency_keys set call_deadline = now() + interval '1 hour'
  where idem_key = 'p-1';
-select is((select retry_after from lease_reserve('shop-1', 'p-1', 'payments.create',
+select is((select retry_after from lease_reserve_v2('shop-1', 'p-1', 'payments.create',
     repeat('a', 64), '{}', 30, 10000)), 30, 'never past the end of the lease');
 
 -- The first worker dies; its lease runs out.
 update idempotency_keys set locked_until = now() - interval '1 second'
  where idem_key = 'p-1';
-select is((select outcome from lease_reserve('shop-1', 'p-1', 'payments.create',
+select is((select outcome from lease_reserve_v2('shop-1', 'p-1', 'payments.create',
     repeat('b', 64), '{}', 30, 10000)), 'mismatch',
     'an expired lease is not taken over by another request');
-create temporary table r3 as select * from lease_reserve('shop-1', 'p-1',
+create temporary table r3 as select * from lease_reserve_v2('shop-1', 'p-1',
     'payments.create', repeat('a', 64), '{}', 30, 10000);
 select is((select outcome from r3), 'taken_over', 'the same request takes an expired lease over');
 select is((select lease_id from r3), 2::bigint, 'with the next fencing token');
@@ -78,7 +78,7 @@ select is((select count(*)::int from payments where idem_key = 'p-1' and charge_
 select results_eq($$select status, status_code, locked_until from idempotency_keys
     where idem_key = 'p-1'$$, $$values ('done'::text, 201, null::timestamptz)$$,
     'the key is done, lease cleared');
-select results_eq($$select outcome, status_code, response from lease_reserve('shop-1',
+select results_eq($$select outcome, status_code, response from lease_reserve_v2('shop-1',
     'p-1', 'payments.create', repeat('a', 64), '{}', 30, 10000)$$,
     $$select 'replayed'::text, 201, response from c1$$,
     'a retry after completion gets the saved response');
@@ -101,13 +101,13 @@ select is((select count(*)::int from payments where charge_id = 'ch_late'), 0,
 rollback to savepoint cleaned;
 
 -- A provider failure: the lease is given back at once.
-select is((select lease_id from lease_reserve('shop-1', 'p-2', 'payments.create',
+select is((select lease_id from lease_reserve_v2('shop-1', 'p-2', 'payments.create',
     repeat('a', 64), '{"amount":5,"currency":"EUR","recipient":"x"}', 30, 10000)), 1::bigint,
     'p-2 reserved');
 select is(lease_release('shop-1', 'p-2', 1), true, 'the holder releases');
 select results_eq($$select status, status_code from idempotency_keys where idem_key = 'p-2'$$,
     $$values ('in_progress'::text, null::int)$$, 'nothing is saved');
-create temporary table r4 as select * from lease_reserve('shop-1', 'p-2',
+create temporary table r4 as select * from lease_reserve_v2('shop-1', 'p-2',
     'payments.create', repeat('a', 64), '{}', 30, 10000);
 select results_eq($$select outcome, lease_id from r4$$,
     $$values ('taken_over'::text, 2::bigint)$$, 'a retry takes the key at once, fenced anew');
@@ -120,7 +120,7 @@ select results_eq($$select status_code, response from idempotency_keys where ide
 select is((select count(*)::int from payments where idem_key = 'p-2'), 0,
     'with no payment row');
 
-select is((select outcome from lease_reserve('shop-2', 'p-1', 'payments.create',
+select is((select outcome from lease_reserve_v2('shop-2', 'p-1', 'payments.create',
     repeat('a', 64), '{}', 30, 10000)), 'reserved', 'the same key of another client is its own');
 
 -- The run function writes before the key row is locked: a take-over while
@@ -147,14 +147,14 @@ end;
 $$;
 select idem_operation('test.taken-over', 'lease', 'test_taken_over_run');
 select idem_operation('test.failing', 'lease', 'test_failing_run');
-select is((select outcome from lease_reserve('shop-1', 'p-3', 'test.taken-over',
+select is((select outcome from lease_reserve_v2('shop-1', 'p-3', 'test.taken-over',
     repeat('a', 64), '{}', 30, 10000)), 'reserved', 'p-3 reserved');
 select results_eq($$select outcome, status from lease_complete('shop-1', 'p-3', 1,
     'ch_3', 201, null)$$, $$values ('fenced'::text, 'in_progress'::text)$$,
     'a lease taken over while run wrote is fenced');
 select is((select count(*)::int from payments where charge_id = 'ch_3'), 0,
     'and what run wrote is undone');
-select is((select outcome from lease_reserve('shop-1', 'p-4', 'test.failing',
+select is((select outcome from lease_reserve_v2('shop-1', 'p-4', 'test.failing',
     repeat('a', 64), '{}', 30, 10000)), 'reserved', 'p-4 reserved');
 select throws_ok($$select * from lease_complete('shop-1', 'p-4', 1, 'ch_4', 201,
     null)$$, '22012', 'run failed', 'an error of run is the caller''s, not a fence');
@@ -162,10 +162,10 @@ select throws_ok($$select * from lease_complete('shop-1', 'p-4', 1, 'ch_4', 201,
 -- Generations of the derived key: an indeterminate answer marks the key
 -- (lease_release with p_indeterminate), a reconciliation that found nothing
 -- moves it to the next generation under the lease, once.
-select is((select outcome from lease_reserve('shop-1', 'g-1', 'payments.create',
+select is((select outcome from lease_reserve_v2('shop-1', 'g-1', 'payments.create',
     repeat('a', 64), '{"amount":100,"currency":"RUB","recipient":"acc"}', 30, 10000)),
     'reserved', 'g-1 reserved');
-select results_eq($$select generation, reconcile from lease_answer('shop-1', 'g-1',
+select results_eq($$select generation, reconcile from lease_answer_v2('shop-1', 'g-1',
     'payments.create', repeat('a', 64))$$, $$values (1, false)$$,
     'a new key is at generation 1, nothing to reconcile');
 select is((select lease_generation('shop-1', 'g-1', 1, 1, 30, 10000)), null::int,
@@ -178,13 +178,18 @@ select ok((select indeterminate_at between now() - interval '1 second' and now()
 select ok((select settle_until > now() + interval '299 seconds' from idempotency_keys
     where idem_key = 'g-1'), 'the six-argument release (the previous release''s) '
     'starts a settle window of 300 s');
-select results_eq($$select outcome, settling, retry_after > 290 from lease_reserve('shop-1',
+select results_eq($$select outcome, settling, retry_after > 290 from lease_reserve_v2('shop-1',
     'g-1', 'payments.create', repeat('a', 64), '{}', 30, 10000)$$,
     $$values ('in_flight'::text, true, true)$$,
     'in the window a retry takes nothing: in flight, settling, Retry-After its end');
+select results_eq($$select outcome, retry_after > 290 from lease_reserve('shop-1',
+    'g-1', 'payments.create', repeat('a', 64), '{}', 30, 10000)$$,
+    $$values ('in_flight'::text, true)$$,
+    'the previous release''s lease_reserve() (its columns) takes nothing either: '
+    'in flight, Retry-After the window''s end');
 -- The window passes, as time would.
 update idempotency_keys set settle_until = now() where idem_key = 'g-1';
-create temporary table g2 as select * from lease_reserve('shop-1', 'g-1',
+create temporary table g2 as select * from lease_reserve_v2('shop-1', 'g-1',
     'payments.create', repeat('a', 64), '{}', 30, 10000);
 select results_eq($$select outcome, lease_id, generation, reconcile from g2$$,
     $$values ('taken_over'::text, 2::bigint, 1, true)$$,

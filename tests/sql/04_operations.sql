@@ -45,7 +45,7 @@ select is(idempotency_cleanup(86400, 2), 2,
     'a batch stays a batch whatever the planner''s statistics say');
 rollback to savepoint stale;
 
-create temporary table claim as select * from lease_recover_claim(300, 30, 10000);
+create temporary table claim as select * from lease_recover_claim_v2(300, 30, 10000);
 select results_eq($$select client_id, idem_key, lease_id, operation,
     request->>'amount', request->>'currency', request->>'recipient' from claim$$,
     $$values ('shop-1'::text, 'stuck'::text, 2::bigint, 'payments.create'::text,
@@ -53,7 +53,7 @@ select results_eq($$select client_id, idem_key, lease_id, operation,
     'an abandoned payment is claimed with the next lease, its operation and its fields');
 select ok((select locked_until > now() from idempotency_keys where idem_key = 'stuck'),
     'under a new lease');
-select is((select count(*)::int from lease_recover_claim(300, 30, 10000)), 0,
+select is((select count(*)::int from lease_recover_claim_v2(300, 30, 10000)), 0,
     'a claimed payment is not claimed again');
 
 insert into idempotency_keys (client_id, idem_key, operation, fingerprint,
@@ -62,9 +62,9 @@ values ('shop-1', 'recent', 'payments.create', repeat('a', 64), 'in_progress', 1
     now() - interval '10 seconds', '{}'),
        ('shop-1', 'demo', 'demo.fresh-provider-key', repeat('a', 64), 'in_progress', 1,
     now() - interval '1 hour', '{}');
-select is((select count(*)::int from lease_recover_claim(300, 30, 10000)), 0,
+select is((select count(*)::int from lease_recover_claim_v2(300, 30, 10000)), 0,
     'neither a lease that ended recently nor a demo payment is claimed');
-select is((select count(*)::int from lease_recover_claim(5, 30, 10000)), 1,
+select is((select count(*)::int from lease_recover_claim_v2(5, 30, 10000)), 1,
     'with a shorter wait the recent one is');
 
 -- With statistics that say the table holds one row, the claim ran again
@@ -77,7 +77,7 @@ select 'shop-1', 'due-' || g, 'payments.create', repeat('a', 64), 'in_progress',
   from generate_series(1, 4) g;
 update pg_class set reltuples = 1, relpages = 1
  where oid = 'idempotency_keys'::regclass;
-select is((select count(*)::int from lease_recover_claim(300, 30, 10000)), 1,
+select is((select count(*)::int from lease_recover_claim_v2(300, 30, 10000)), 1,
     'a claim takes one key whatever the planner''s statistics say');
 select is((select count(*)::int from idempotency_keys where idem_key like 'due-%'
     and lease_id > 1), 1, 'and leases no other');
@@ -89,7 +89,7 @@ insert into idempotency_keys (client_id, idem_key, operation, fingerprint,
     status, lease_id, locked_until, request)
 values ('shop-1', 'flaky', 'payments.create', repeat('a', 64), 'in_progress', 1,
     now() - interval '1 hour', '{"amount":5,"currency":"RUB","recipient":"acc"}');
-select is((select lease_id from lease_recover_claim(300, 30, 10000)), 2::bigint,
+select is((select lease_id from lease_recover_claim_v2(300, 30, 10000)), 2::bigint,
     'a payment whose provider fails is claimed');
 select results_eq($$select * from lease_recover_release('shop-1', 'flaky', 2, 30, 100)$$,
     $$values (true, 1, 30)$$, 'its first failed attempt puts it off by the base, 30 s');
@@ -98,17 +98,17 @@ select ok((select locked_until <= now() and recover_at = now() + interval '30 se
     'the lease ends at once (a client''s retry can take it), the job waits');
 update idempotency_keys set locked_until = now() - interval '1 hour'
  where idem_key = 'flaky';
-select is((select count(*)::int from lease_recover_claim(300, 30, 10000)), 0,
+select is((select count(*)::int from lease_recover_claim_v2(300, 30, 10000)), 0,
     'the job does not take it before then, however long ago the lease ended');
 update idempotency_keys set locked_until = now() - interval '1 second',
     recover_at = now() - interval '1 second' where idem_key = 'flaky';
-select is((select lease_id from lease_recover_claim(300, 30, 10000)), 3::bigint,
+select is((select lease_id from lease_recover_claim_v2(300, 30, 10000)), 3::bigint,
     'once due it is claimed, without waiting the 300 s for the client again');
 select results_eq($$select * from lease_recover_release('shop-1', 'flaky', 3, 30, 100)$$,
     $$values (true, 2, 60)$$, 'the second failed attempt: 60 s');
 update idempotency_keys set recover_at = now() - interval '1 second',
     locked_until = now() - interval '1 second' where idem_key = 'flaky';
-select is((select lease_id from lease_recover_claim(300, 30, 10000)), 4::bigint,
+select is((select lease_id from lease_recover_claim_v2(300, 30, 10000)), 4::bigint,
     'claimed again when due');
 select results_eq($$select * from lease_recover_release('shop-1', 'flaky', 4, 30, 100)$$,
     $$values (true, 3, 100)$$, 'the third: 120 s, capped at 100 s');
@@ -129,7 +129,7 @@ insert into idempotency_keys (client_id, idem_key, operation, fingerprint,
 values ('shop-1', 'other-op', 'test.lease', repeat('a', 64), 'in_progress', 1,
     now() - interval '1 hour', '{"amount":7,"currency":"EUR","recipient":"acc"}');
 select results_eq($$select idem_key, lease_id, operation from
-    lease_recover_claim(300, 30, 10000)$$,
+    lease_recover_claim_v2(300, 30, 10000)$$,
     $$values ('other-op'::text, 2::bigint, 'test.lease'::text)$$,
     'an abandoned key of another lease operation is claimed with its operation');
 select is((select status_code from lease_complete('shop-1', 'other-op', 2, 'ch_y',

@@ -5,7 +5,7 @@ begin;
 select plan(42);
 
 -- A payment of 10000 of shop-1, as payments.create saves it.
-do $$ begin perform lease_reserve('shop-1', 'pay-r', 'payments.create',
+do $$ begin perform lease_reserve_v2('shop-1', 'pay-r', 'payments.create',
     repeat('a', 64), '{"amount":10000,"currency":"RUB","recipient":"acc"}', 30,
     10000); end $$;
 create temporary table pay as
@@ -18,7 +18,7 @@ returns table (outcome text, status_code int, response text, request jsonb,
     retry_after int)
 language sql as $$
 	select r.outcome, r.status_code, r.response, r.request, r.retry_after
-	  from lease_reserve(p_client, p_key, 'refunds.create', md5(p_key) || md5(p_key),
+	  from lease_reserve_v2(p_client, p_key, 'refunds.create', md5(p_key) || md5(p_key),
 	      jsonb_build_object('payment_id', coalesce(p_payment,
 		  (select id from pay)), 'amount', p_amount), 30, 10000) r;
 $$;
@@ -102,7 +102,7 @@ select is((select status_code from pg_temp.refund('r-6', 1)), 422,
 select is((select outcome from pg_temp.refund('r-7', 1, 'shop-1',
     (select id from pay))), 'refused', 'nothing left for r-7');
 do $$ begin
-	perform lease_reserve('shop-1', 'pay-s', 'payments.create', repeat('a', 64),
+	perform lease_reserve_v2('shop-1', 'pay-s', 'payments.create', repeat('a', 64),
 	    '{"amount":500,"currency":"RUB","recipient":"acc"}', 30, 10000);
 	perform lease_complete('shop-1', 'pay-s', 1, 'ch_s', 201, null);
 	perform pg_temp.refund('r-8', 500, 'shop-1', (select payment_id from payments
@@ -124,7 +124,7 @@ select is((select outcome from lease_complete('shop-1', 'r-8', 1, 're_8', 201, n
 -- an error (data changed by hand), not a fence that would leave the key
 -- unfinished for good; the same for a refusal whose hold is gone.
 do $$ begin
-	perform lease_reserve('shop-1', 'pay-t', 'payments.create', repeat('a', 64),
+	perform lease_reserve_v2('shop-1', 'pay-t', 'payments.create', repeat('a', 64),
 	    '{"amount":900,"currency":"RUB","recipient":"acc"}', 30, 10000);
 	perform lease_complete('shop-1', 'pay-t', 1, 'ch_t', 201, null);
 	perform pg_temp.refund('r-9', 100, 'shop-1', (select payment_id from payments
@@ -146,7 +146,7 @@ select is((select count(*) from idempotency_keys where idem_key in ('r-9', 'r-10
 
 -- A lease operation that is not registered takes no key; an admit that
 -- answers no row is an error, not a yes; so is an unknown problem type.
-select throws_like($$select * from lease_reserve('shop-1', 'x-1', 'refunds.creat',
+select throws_like($$select * from lease_reserve_v2('shop-1', 'x-1', 'refunds.creat',
     repeat('a', 64), '{}', 30, 10000)$$, '%no lease operation refunds.creat%',
     'an unregistered lease operation is an error');
 select is((select count(*) from idempotency_keys where idem_key = 'x-1'), 0::bigint,
@@ -156,7 +156,7 @@ returns table (status_code int, response text, request jsonb, retry_after int)
 language sql as $$ select null::int, null::text, null::jsonb, null::int where false $$;
 select idem_operation('test.admit-none', 'lease', 'payment_settle',
     'pg_temp.admit_none');
-select throws_ok($$select * from lease_reserve('shop-1', 'x-2', 'test.admit-none',
+select throws_ok($$select * from lease_reserve_v2('shop-1', 'x-2', 'test.admit-none',
     repeat('a', 64), '{}', 30, 10000)$$, 'P0002', null,
     'an admit that answers no row is an error');
 select is((select count(*) from idempotency_keys where idem_key = 'x-2'), 0::bigint,
