@@ -270,7 +270,7 @@ inline answer_now()
 	fi
 }
 
-/* The key taken by this attempt (lease_reserve, lease_recover_claim). */
+/* The key taken by this attempt (lease_reserve_v2, lease_recover_claim_v2). */
 inline take()
 {
 	row_holder = me;

@@ -276,9 +276,29 @@ comment on function lease_recover_claim_v2(int, int, int, text[]) is
     'its settle window, with a new lease and fencing token, and returns '
     'what is needed to call the provider again with the same derived key.';
 
+-- A development database that ran this file's first version has these
+-- three with this release's columns (never a released one: 1.0.0's have
+-- no generation_age): they are dropped there, to be made as 1.0.0's.
+do $$
+declare
+	v_fn	regprocedure;
+begin
+	for v_fn in select p.oid::regprocedure from pg_proc p
+	     where p.proname in ('lease_answer', 'lease_reserve',
+		   'lease_recover_claim')
+	       and p.pronamespace = current_schema()::regnamespace
+	       and pg_get_function_result(p.oid) like '%generation_age%'
+	loop
+		execute format('drop function %s', v_fn);
+	end loop;
+end;
+$$;
+
 -- The previous release's three, as it reads them: this release's rows
 -- without their last two columns (a key in its settle window is in_flight,
--- retry_after until the window ends; an older instance answers it 409).
+-- retry_after until the window ends; an older instance answers it 409; a
+-- new key "K:<n>" refused as another key's provider key is a mismatch to
+-- it, 422 idempotency-key-reused, as to this release).
 create or replace function lease_answer(p_client text, p_key text,
     p_operation text, p_fingerprint text)
 returns table (outcome text, lease_id bigint, status_code int,
@@ -300,7 +320,8 @@ returns table (outcome text, lease_id bigint, status_code int,
     reconcile boolean, taken_at double precision,
     reconcile_until double precision, age_ms bigint, standby boolean)
 language sql as $$
-	select r.outcome, r.lease_id, r.status_code, r.response,
+	select case r.outcome when 'collides' then 'mismatch'
+		    else r.outcome end, r.lease_id, r.status_code, r.response,
 	       r.retry_after, r.request, r.generation, r.reconcile, r.taken_at,
 	       r.reconcile_until, r.age_ms, r.standby
 	  from lease_reserve_v2(p_client, p_key, p_operation, p_fingerprint,

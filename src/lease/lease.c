@@ -1388,7 +1388,7 @@ lease_respond_answered(struct http_request *req)
 	if (!strcmp(outcome, "refused"))
 		return (lease_respond_unsaved(req));
 
-	kore_log(LOG_ERR, "lease_reserve answered '%s'", outcome);
+	kore_log(LOG_ERR, "lease_reserve_v2 answered '%s'", outcome);
 	return (idem_fail(req, PROBLEM_INTERNAL, "the key is in an unexpected "
 	    "state; retry with the same Idempotency-Key"));
 }

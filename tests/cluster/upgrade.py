@@ -16,6 +16,9 @@ Checked afterwards:
   stop of its instance (Kore's SIGTERM cuts requests in flight: a broken
   connection, or haproxy's own 502) is accepted only if it was in flight
   at that stop; its client then leaves the key, to the recovery job;
+- every function of the previous release's schema is still there after
+  make migrate, the same object with the same result type (a call of the
+  previous release may be running inside it while a migration commits);
 - every instance runs this release's build;
 - the keys the stops cut are finished by the recovery job: no key of the
   run in progress, within its bound, with no client's help;
@@ -246,7 +249,10 @@ def migrate():
     # functions while a migration commits: none is dropped (the same
     # object after), and none changes its result type (docs/limits.md).
     after = functions()
-    changed = sorted(f"{sig}: {res} -> {after.get(sig, ('gone', ''))[1]}"
+    t.ok("lease_reserve(text,text,text,text,jsonb,integer,integer)" in before,
+         "the previous release's functions are read where it made them", sorted(before))
+    changed = sorted(f"{sig}: " + ("gone" if sig not in after else "dropped and made again"
+                                   if after[sig][0] != oid else f"{res} -> {after[sig][1]}")
                      for sig, (oid, res) in before.items()
                      if after.get(sig) != (oid, res))
     t.eq(changed, [], f"every one of the previous release's {len(before)} functions "

@@ -1118,7 +1118,7 @@ def blocked(fn):
                       f" and query like {quote('%' + fn + '(%')};")[0])
 
 
-# While the key is being taken: lease_reserve() waits on a lock of the key
+# While the key is being taken: lease_reserve_v2() waits on a lock of the key
 # table. The cut request's statement is not cancelled (the service sends no
 # cancel): the server ends it at lock_timeout, its answer read and
 # dropped, and nothing is written.

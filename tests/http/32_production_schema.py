@@ -46,8 +46,9 @@ try:
     t.eq(count("select 1 from pg_tables where schemaname = 'public' and tablename in"
                " ('clients', 'idempotency_keys', 'orders', 'payments')"), 4,
          "the service's tables are there")
-    t.eq(count("select 1 from pg_proc where proname in ('tx_execute', 'lease_reserve',"
-               " 'lease_complete', 'lease_recover_claim')"), 4,
+    t.eq(count("select 1 from pg_proc where proname in ('tx_execute', 'lease_reserve_v2',"
+               " 'lease_complete', 'lease_recover_claim_v2', 'lease_reserve',"
+               " 'lease_recover_claim')"), 6,
          "and its transactional and lease functions")
     t.eq(count(PROVIDER_SCHEMA), 0, "no provider schema (the fake provider's state)")
     t.eq(count(DEMO_FUNCTIONS), 0, "no demo function (demo_naive_save)")

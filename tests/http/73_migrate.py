@@ -18,6 +18,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import threading
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "lib"))
 from harness import (DB_URL, ROOT, TMP, Api, Kore, PsqlSession, Tap,  # noqa: E402
@@ -301,6 +302,51 @@ try:
          recorded(u) == {f: sha(os.path.join(ROOT, "sql", f)) for f in SQL},
          "two at once on a 1.0.0 database: adopted once, nothing of 1.0.0 run again, "
          "the rest applied once", out)
+
+    # --- the previous release's calls while the migrations commit ---------
+    # A call of 1.0.0 waits on the lock of a migration's alter table, inside
+    # one of 1.0.0's functions; when the migration commits, its next
+    # statement runs the new definitions. None may fail: no function 1.0.0
+    # calls is dropped or changes its result type (040 once did: "cache
+    # lookup failed for function" or 42804, a 500 in make test-upgrade).
+    u = old_database("held")
+    psql(u, "insert into clients values ('old-shop', repeat('a', 64))")
+    fp = "'" + "a" * 64 + "'"
+    payment = """'{"amount": 100, "currency": "RUB", "recipient": "acc-1"}'::jsonb"""
+    psql(u, f"select outcome from lease_reserve('old-shop', 'k-held', 'payments.create', {fp},"
+         f" {payment}, 30, 10000)")
+    calls = {
+        "lease_reserve() of a new key": f"select outcome from lease_reserve('old-shop', "
+        f"'k-new', 'payments.create', {fp}, {payment}, 30, 10000)",
+        "lease_reserve() of a key in flight": f"select outcome from lease_reserve('old-shop', "
+        f"'k-held', 'payments.create', {fp}, {payment}, 30, 10000)",
+        "lease_recover_claim()": "select count(*) from lease_recover_claim(300, 30, 10000)",
+    }
+    held = Session(u)
+    held.run("begin;")
+    for f in SQL:
+        if f not in names:
+            held.run(open(os.path.join(ROOT, "sql", f)).read())
+    answers = {}
+
+    def call(what, q):
+        r = subprocess.run(["psql", u, "-XAtq", "-v", "ON_ERROR_STOP=1", "-c", q],
+                           capture_output=True, text=True)
+        answers[what] = (r.returncode, r.stdout.strip(), r.stderr.strip())
+    threads = [threading.Thread(target=call, args=c) for c in calls.items()]
+    for th in threads:
+        th.start()
+    wait_until(lambda: psql(u, "select count(*) from pg_stat_activity where datname ="
+                               " current_database() and wait_event_type = 'Lock'")
+               == str(len(calls)), "1.0.0's calls to wait on the migrations' locks")
+    held.run("commit;")
+    held.close()
+    for th in threads:
+        th.join(60)  # a bound on a hang
+    t.eq({w: a for w, a in answers.items() if a[0] != 0}, {},
+         "1.0.0's calls waiting on this release's migrations all answer when they commit")
+    t.eq([answers.get(w, (None, None))[1] for w in calls], ["reserved", "in_flight", "0"],
+         "each as 1.0.0 answers it: reserved, in flight, nothing to claim")
 
     # --- make db against a database that is not the embedded one ------------
     other = database("other")

@@ -1,9 +1,9 @@
--- The SQL of the lease strategy (lease_reserve, lease_complete,
+-- The SQL of the lease strategy (lease_reserve_v2, lease_complete,
 -- lease_release, here with payments.create): reserve, take-over, complete,
 -- release and the fencing rule; and the fake provider's one charge and one
 -- refund per key, and its 409.
 begin;
-select plan(91);
+select plan(93);
 
 create temporary table r1 as select * from lease_reserve_v2('shop-1', 'p-1',
     'payments.create', repeat('a', 64),
@@ -233,6 +233,12 @@ select ok((select locked_until > now() + interval '29 seconds' and
     where idem_key = 'g-1'), 'with a new lease and call deadline');
 select is((select lease_generation('shop-1', 'g-1', 2, 1, 30, 10000)), null::int,
     'once: a generation is never skipped');
+select is((select outcome from lease_reserve_v2('shop-1', 'g-1:2', 'payments.create',
+    repeat('a', 64), '{}', 30, 10000)), 'collides',
+    'a new key "g-1:2" would be g-1''s generation 2 at the provider: refused');
+select is((select outcome from lease_reserve('shop-1', 'g-1:2', 'payments.create',
+    repeat('a', 64), '{}', 30, 10000)), 'mismatch',
+    'the previous release''s lease_reserve() refuses it as a mismatch (its 422)');
 select results_eq($$select released, attempts, wait_seconds from lease_release('shop-1',
     'g-1', 2, false, 5, 60)$$, $$values (true, 1, 5)$$,
     'the recovery job''s release counts its attempt and backs off 5 s');

@@ -1,5 +1,5 @@
 -- Cleanup of finished keys, and the recovery's claim of abandoned keys of
--- lease operations (lease_recover_claim, lease_recover_release) with its
+-- lease operations (lease_recover_claim_v2, lease_recover_release) with its
 -- backoff.
 begin;
 select plan(28);
