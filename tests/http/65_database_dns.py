@@ -92,8 +92,11 @@ try:
     api.env["IDEM_DATABASE_URL"] = url(pg.port)
     super(Api, api).start(lambda: True)
     # The parent's check of the schema at start asks too, before the
-    # worker is forked: the worker first, then a query.
-    wait_until(lambda: api.workers() and dns.queries > 0,
+    # worker is forked, from a process the parent forks (and reaps before
+    # it forks the worker): its child was once read as the worker (under
+    # the sanitizer, "no worker died" then saw the worker's pid instead).
+    # The worker's own line first, then a query.
+    wait_until(lambda: "worker 1 started" in api.read_log() and dns.queries > 0,
                "the worker to start and the resolver to be asked")
     workers = api.workers()
 
