@@ -18,7 +18,7 @@ import sys
 import threading
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "lib"))
-from harness import (Api, Background, StubProvider, Tap, key_row, new_key, quote,  # noqa: E402
+from harness import (JOB_BOUND, Api, Background, StubProvider, Tap, key_row, new_key, quote,  # noqa: E402
                      sql_value, wait_until)
 
 t = Tap()
@@ -28,7 +28,7 @@ go = threading.Event()
 def held(_n):
     # The provider's answer to the late worker: a transient 503, once the
     # test lets it go (a bound on a hang only).
-    go.wait(120)
+    go.wait(2 * JOB_BOUND)
     return (503, {}, b"")
 
 

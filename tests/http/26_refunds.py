@@ -13,7 +13,7 @@ import sys
 import urllib.parse
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "lib"))
-from harness import (Api, Background, Provider, PsqlSession, Tap, concurrently,  # noqa: E402
+from harness import (JOB_BOUND, Api, Background, Provider, PsqlSession, Tap, concurrently,  # noqa: E402
                      key_row, new_key, provider_calls, quote, request, sql, sql_value,
                      wait_until, waiting_backends)
 
@@ -237,7 +237,7 @@ recovering = Api(port=api.port, name="api-recovery", IDEM_RECOVERY_AFTER_SECONDS
                  IDEM_RECOVERY_INTERVAL_SECONDS=1, IDEM_RECOVERY_BACKOFF_SECONDS=60,
                  **env).start()
 wait_until(lambda: key_row(key)["status"] == "done", "the recovery job to finish it",
-           timeout=60)
+           timeout=JOB_BOUND)
 made = refunds_at_provider(key)
 t.eq(len(made), 1, "the provider still holds one refund")
 t.ok(f'"provider_refund_id":"{made[0]["refund_id"]}"' in key_row(key)["response"],

@@ -13,7 +13,7 @@ import sys
 import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "lib"))
-from harness import (Api, Background, Provider, StubProvider, Tap, charges_to,  # noqa: E402
+from harness import (JOB_BOUND, Api, Background, Provider, StubProvider, Tap, charges_to,  # noqa: E402
                      key_row, new_key, quote, request, sql, sql_value, wait_until)
 
 t = Tap()
@@ -87,7 +87,7 @@ for i, rcpt in enumerate(recipients):
 pair = [Api(name=f"recoverer-{i}", **env).start() for i in (1, 2)]
 wait_until(lambda: sql_value("select count(*) from idempotency_keys where idem_key like"
                              " 'abandoned-%' and status = 'done'") == "10",
-           "two instances to recover ten payments", timeout=60)
+           "two instances to recover ten payments", timeout=JOB_BOUND)
 t.eq([charges_to(r) for r in recipients], [1] * 10, "each abandoned payment charged once")
 wait_until(lambda: sum(recovered(a) for a in pair) >= 10, "the last recovery to be counted")
 t.eq(sum(recovered(a) for a in pair), 10, "and recovered once, by one instance or the other")
@@ -114,7 +114,7 @@ t.eq(down.status, 502, "the provider fails: 502, and the client gives up")
 # ago: a window in which a job without backoff would call every second.
 wait_until(lambda: len(stub.calls_of(derived)) >= 6 and
            time.monotonic() >= stub.calls_of(derived)[1][0] + 11,
-           "five attempts of the job", timeout=60)
+           "five attempts of the job", timeout=JOB_BOUND)
 times = [c[0] for c in stub.calls_of(derived)][1:]
 gaps = [round(b - a, 2) for a, b in zip(times, times[1:])][:4]
 t.ok(all(gap >= want - 0.2 for gap, want in zip(gaps, [1, 2, 4, 4])),
@@ -130,7 +130,7 @@ t.ok(int(row[0]) >= 5 and row[1] == "4",
      "the key row counts the attempts, and the next waits the cap, 4 s", row)
 
 stub.default = (201, JSON, {"charge_id": "ch_after_outage"})
-wait_until(lambda: key_row(key)["status"] == "done", "the next attempt", timeout=15)
+wait_until(lambda: key_row(key)["status"] == "done", "the next attempt", timeout=JOB_BOUND)
 row = key_row(key)
 t.ok(row["status_code"] == "201" and '"charge_id":"ch_after_outage"' in row["response"],
      "once the provider works, the job finishes the payment with its charge", row)
@@ -148,7 +148,7 @@ sql("insert into idempotency_keys (client_id, idem_key, operation, fingerprint, 
     " repeat('b', 64), 'in_progress', 1, now() - interval '10 s',"
     " '{\"amount\": 300, \"currency\": \"RUB\", \"recipient\": \"acc-mine\"}')")
 wait_until(lambda: key_row(mine)["status"] == "done", "the job to finish its own key",
-           timeout=15)
+           timeout=JOB_BOUND)
 row = sql("select recovery_attempts, lease_id, locked_until < now() - interval '15 s'"
           " from idempotency_keys where idem_key = " + quote(key))[0]
 t.ok(row == ["0", "1", "t"],

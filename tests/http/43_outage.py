@@ -10,10 +10,15 @@ import threading
 import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "lib"))
-from harness import (Api, Background, PsqlSession, Tap, cluster, metric,  # noqa: E402
+from harness import (ANSWER_BOUND, Api, Background, PsqlSession, Tap, cluster, metric,  # noqa: E402
                      new_key, quote, request, sql_value, wait_until)
 
 t = Tap()
+# The service's stated bounds, not a measure of its speed: GET /healthz
+# answers within a second whatever the database does, and a request gives
+# up on the database within IDEM_DB_TIMEOUT_MS (5 s); both together, with a
+# margin, are what "no hang" means here.
+NO_HANG_BOUND = 1 + 5 + 4
 api = Api().start()
 pids = [api.proc.pid] + api.workers()
 order = {"customer_id": "c-outage", "amount": 1000, "currency": "RUB"}
@@ -27,7 +32,7 @@ def load():
         key = new_key("outage")
         started = time.monotonic()
         try:
-            r = api.post("/v1/orders", order, key=key, timeout=30)
+            r = api.post("/v1/orders", order, key=key, timeout=ANSWER_BOUND)
             answers.append((key, r.status, time.monotonic() - started, r))
         except OSError as e:
             answers.append((key, None, time.monotonic() - started, e))
@@ -70,14 +75,15 @@ try:
     r = api.post("/v1/orders", order, key=new_key())
     t.ok(r.status == 503 and r.headers.get("retry-after") == "1",
          "a request during the outage: 503 with Retry-After", r)
-    t.ok(time.monotonic() - t0 < 5, "both answered within 5 s (no hang)",
+    t.ok(time.monotonic() - t0 < NO_HANG_BOUND,
+         f"both answered within the service's stated bounds (no hang, {NO_HANG_BOUND} s)",
          time.monotonic() - t0)
     wait_until(lambda: len(answers) >= outage_started + 50, "requests during the outage")
 
     cluster("start")
     try:
         wait_until(lambda: request(api.port, "GET", "/healthz").status == 200,
-                   "the API to find the database again", timeout=30)
+                   "the API to find the database again", timeout=ANSWER_BOUND)
     except TimeoutError:
         pass
     back = request(api.port, "GET", "/healthz")
@@ -88,7 +94,7 @@ finally:
     stop.set()
     for th in threads:
         if th.is_alive():
-            th.join(30)
+            th.join(ANSWER_BOUND)
     cluster("start")
 
 t.eq([api.proc.pid] + api.workers(), pids, "the same API processes, never restarted")

@@ -24,7 +24,7 @@ import threading
 import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "lib"))
-from harness import (DB_URL, ROOT, TMP, Tap, alive, as_from_a_terminal,  # noqa: E402
+from harness import (ANSWER_BOUND, DB_URL, EXIT_BOUND, ROOT, TMP, Tap, alive, as_from_a_terminal,  # noqa: E402
                      copy_tree, free_port, get, metric, new_key, post, request, wait_until)
 
 t = Tap()
@@ -40,6 +40,8 @@ BUILD_BOUND = 240
 # A bound on a hang for what make run stopped to end once make run has
 # ended: at once, a second at most for a worker whose parent was killed.
 SETTLE_BOUND = 30
+# A bound on a hang for kodev run to stop on a Ctrl-C: a few seconds.
+KODEV_STOP_BOUND = 30
 
 copy = copy_tree("devloop")
 
@@ -120,8 +122,8 @@ class MakeRun:
             self.left = processes(self.proc.pid, self.servers)
         self.served = serving is not None and serving()
         kill_stack(self.proc.pid, self.servers)
-        self.proc.wait(10)
-        self.reader.join(5)
+        self.proc.wait(EXIT_BOUND)
+        self.reader.join(EXIT_BOUND)
         return status
 
 
@@ -345,7 +347,7 @@ try:
     # Both workers on the new build (a worker still on the old one counts
     # nothing); their log lines reach make run's terminal through a pipe.
     wait_until(lambda: all(f"api      | [wrk {w}]: reloaded" in output()[mark:]
-                           for w in (1, 2)), "both workers to reload", timeout=30)
+                           for w in (1, 2)), "both workers to reload", timeout=ANSWER_BOUND)
     t.ok("they start again from zero" in output(),
          "a reload with another layout of the counters says they start from zero",
          output()[-1500:])
@@ -516,12 +518,12 @@ try:
 finally:
     os.killpg(kodev.pid, signal.SIGINT)
     try:
-        kodev_status = kodev.wait(30)
+        kodev_status = kodev.wait(KODEV_STOP_BOUND)
     except subprocess.TimeoutExpired:
         kodev_status = None
         os.killpg(kodev.pid, signal.SIGKILL)
-        kodev.wait(10)
-t.ok(kodev_status is not None, "kodev run stops on Ctrl-C (within 30 s)")
+        kodev.wait(EXIT_BOUND)
+t.ok(kodev_status is not None, f"kodev run stops on Ctrl-C (a bound on a hang: {KODEV_STOP_BOUND} s)")
 t.eq(kodev_status, 0, "with exit status 0")
 t.ok(not answers(), "and the API with it")
 shutil.rmtree(copy, ignore_errors=True)

@@ -13,7 +13,7 @@ import sys
 import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "lib"))
-from harness import (Api, Background, Kore, PsqlSession, Tap,  # noqa: E402
+from harness import (ANSWER_BOUND, EXIT_BOUND, HEALTH_BOUND, Api, Background, Kore, PsqlSession, Tap,  # noqa: E402
                      fingerprint, free_port, key_row, new_key, quote, request, sql,
                      sql_value, wait_until)
 
@@ -24,13 +24,13 @@ DB = sql_value("select current_database()")
 WORKERS = sorted(api.workers())
 
 
-def bonus(customer, points, key=None, timeout=30):
+def bonus(customer, points, key=None, timeout=ANSWER_BOUND):
     return api.post("/v1/bonuses", {"customer_id": customer, "points": points,
                                     "reason": "waits"}, key=key or new_key("w"),
                     timeout=timeout)
 
 
-def order(key, timeout=30):
+def order(key, timeout=ANSWER_BOUND):
     return api.post("/v1/orders", {"customer_id": "c-waits", "amount": 700,
                                    "currency": "RUB"}, key=key, timeout=timeout)
 
@@ -46,6 +46,12 @@ def ledger(customer):
                          f" and customer_id = {quote(customer)}"))
 
 
+def lock_waiters():
+    """How many of the service's statements wait on a row lock now."""
+    return int(sql_value("select count(*) from pg_stat_activity where wait_event_type ="
+                         " 'Lock' and query like '%tx_execute(%'"))
+
+
 def lock_account(customer):
     s = PsqlSession()
     s.run("begin; select balance from bonus_accounts where client_id = 'shop-1'"
@@ -58,7 +64,7 @@ t.eq(bonus("c-locked", 100).status, 201, "an account with 100 points")
 held = lock_account("c-locked")
 key = new_key("locked")
 started = time.monotonic()
-r = bonus("c-locked", -10, key=key, timeout=15)
+r = bonus("c-locked", -10, key=key)
 took = time.monotonic() - started
 t.ok(retryable(r), "a request that waits on a held lock gets a retryable 503", r)
 t.ok(took < TIMEOUT_MS / 1000 + 2, f"after about IDEM_DB_TIMEOUT_MS ({took:.1f} s)")
@@ -66,14 +72,15 @@ t.eq(key_row(key), None, "the key is not taken")
 t.eq(ledger("c-locked"), 1, "no ledger row is written")
 
 # A full pool: every connection waits on the lock, more requests queue.
-pending = [Background(bonus, "c-locked", -1, timeout=30) for _ in range(40)]
-time.sleep(0.5)
+pending = [Background(bonus, "c-locked", -1) for _ in range(40)]
+waiting = wait_until(lock_waiters, "requests to wait on the held lock")
 started = time.monotonic()
-h = request(api.port, "GET", "/healthz", timeout=5)
+h = request(api.port, "GET", "/healthz", timeout=HEALTH_BOUND)
 took = time.monotonic() - started
 t.ok(h.status == 200 and took <= 1.0,
-     f"/healthz answers 200 within a second while the pool is blocked ({took:.2f} s)", h)
-answers = [p.wait(30) for p in pending]
+     f"/healthz answers 200 within a second while the pool is blocked ({took:.2f} s,"
+     f" {waiting} requests seen waiting on the lock)", h)
+answers = [p.wait(ANSWER_BOUND) for p in pending]
 t.ok(all(retryable(a) for a in answers),
      "every queued or waiting request gets a retryable 503, none a 500",
      [a for a in answers if not retryable(a)][:3])
@@ -107,7 +114,7 @@ s.run("set deadlock_timeout = '60s';")
 key = new_key("dead")
 pending = Background(dl.post, "/v1/bonuses/transfers",
                      {"from_customer_id": "c-dead-a", "to_customer_id": "c-dead-b",
-                      "points": 5, "reason": "waits"}, key=key, timeout=30)
+                      "points": 5, "reason": "waits"}, key=key, timeout=ANSWER_BOUND)
 wait_until(lambda: int(sql_value(
     "select count(*) from pg_stat_activity where wait_event_type = 'Lock'"
     " and query like '%tx_execute(%'")) == 1, "the transfer to wait for the account")
@@ -119,7 +126,7 @@ wait_until(lambda: "(40P01)" in dl.read_log()[log_before:],
 t.ok(not pending.done(), "the transfer, run again, waits for the session")
 s.run("rollback;")
 s.close()
-r = pending.wait(30)
+r = pending.wait(ANSWER_BOUND)
 t.ok(r.status == 201 and not r.replayed,
      "a request rolled back by a deadlock is run again: the client gets 201", r)
 t.eq(sql_value("select count(*) from bonus_transfers where client_id = 'shop-1'"
@@ -150,7 +157,7 @@ try:
         " and query like '%tx_execute(%'")) == 1, "the duplicate to wait on the key")
     first.run("commit;")
     first.close()
-    r = dup.wait(30)
+    r = dup.wait(ANSWER_BOUND)
     t.ok(r.status == 201 and r.replayed and r.body == b'{"order_id":1,"customer_id":"c-waits","amount":700,"currency":"RUB","bonus_points":7}',
          "under a REPEATABLE READ default the waiting duplicate still replays", r)
     # Run under REPEATABLE READ, its insert would have failed with a
@@ -165,7 +172,10 @@ finally:
 def sync_rep(names):
     sql(f"alter system set synchronous_standby_names = {quote(names)}")
     sql("select pg_reload_conf()")
-    time.sleep(0.5)
+    # (a new session reads the file once the postmaster has; the service's
+    # pooled sessions read it before their next statement)
+    wait_until(lambda: (sql_value("show synchronous_standby_names") or "") == names,
+               "the server to read the new setting")
 
 
 def waiting_for_standby():
@@ -179,16 +189,16 @@ def waiting_for_standby():
 sync_rep("idem_test_no_such_standby")
 try:
     cancelled_key, stuck_key = new_key("unconfirmed"), new_key("stuck")
-    cancelled = Background(order, cancelled_key, timeout=30)
+    cancelled = Background(order, cancelled_key)
     wait_until(lambda: waiting_for_standby() == 1, "the commit to wait for the standby")
     sql("select pg_cancel_backend(pid) from pg_stat_activity where wait_event = 'SyncRep'")
-    r = cancelled.wait(30)
+    r = cancelled.wait(ANSWER_BOUND)
     t.ok(retryable(r), "a commit whose standby wait was cancelled is a retryable 503", r)
     t.ok("could not confirm" in r.json()["detail"], "whose detail says the outcome is unknown",
          r.json())
 
     started = time.monotonic()
-    r = order(stuck_key, timeout=30)
+    r = order(stuck_key)
     took = time.monotonic() - started
     t.ok(retryable(r), "a commit nobody confirms is a retryable 503", r)
     t.ok(took < TIMEOUT_MS / 1000 + 3, f"after about IDEM_DB_TIMEOUT_MS ({took:.1f} s)")
@@ -218,7 +228,7 @@ for var, value in (("IDEM_PUBLIC_URL", "http://" + "a" * 600),
     proc = subprocess.Popen(["kore", "-fnrc", bad.conf], cwd=bad.env.get("PWD", "."),
                             env=bad.env, stdout=bad.log, stderr=subprocess.STDOUT)
     try:
-        code = proc.wait(15)
+        code = proc.wait(EXIT_BOUND)
     except subprocess.TimeoutExpired:
         proc.kill()
         code = None
@@ -231,7 +241,7 @@ closed = free_port()
 down = Api(name="api-db-down")
 down.env["IDEM_DATABASE_URL"] = f"host=127.0.0.1 port={closed} dbname=idem user=idem" \
     " sslmode=disable gssencmode=disable connect_timeout=3"
-Kore.start(down, lambda: request(down.port, "GET", "/healthz", timeout=2).status == 503)
+Kore.start(down, lambda: request(down.port, "GET", "/healthz", timeout=HEALTH_BOUND).status == 503)
 down.stop()
 t.ok(re.search(r"cannot connect to the database \(unreachable\): connection to "
                r"server at .*failed: Connection refused", down.read_log()),

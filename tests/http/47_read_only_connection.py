@@ -21,7 +21,7 @@ import os
 import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "lib"))
-from harness import (Api, Tap, concurrently, get, new_key, request, sql,  # noqa: E402
+from harness import (HEALTH_BOUND, Api, Tap, concurrently, get, new_key, request, sql,  # noqa: E402
                      wait_until)
 
 t = Tap()
@@ -35,7 +35,7 @@ def role_read_only(on):
 
 
 def read_only_health(port):
-    r = request(port, "GET", "/healthz", timeout=5)
+    r = request(port, "GET", "/healthz", timeout=HEALTH_BOUND)
     return (r.status == 503 and r.headers.get("retry-after") == "1"
             and b"read-only" in r.body)
 
@@ -54,7 +54,7 @@ try:
     t.ok(all(r.status == 200 for r in reads),
          "reads on read-only connections: 200", reads)
     role_read_only(False)
-    wait_until(lambda: request(api.port, "GET", "/healthz", timeout=5).status == 200,
+    wait_until(lambda: request(api.port, "GET", "/healthz", timeout=HEALTH_BOUND).status == 200,
                "/healthz 200 once the node takes writes")
     t.ok(True, "/healthz says 200 again once the node takes writes")
 

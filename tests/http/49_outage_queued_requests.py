@@ -15,7 +15,8 @@ import threading
 import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "lib"))
-from harness import Api, Tap, cluster, database_errors, new_key, wait_until  # noqa: E402
+from harness import (ANSWER_BOUND, Api, Tap, cluster, database_errors, new_key,  # noqa: E402
+                     wait_until)
 
 t = Tap()
 # A deadline far above what an answer should take, so that a request that
@@ -24,6 +25,9 @@ DEADLINE_MS = 8000
 # A bound on a hang only: the conditions waited on come within a second or
 # two even on a loaded machine.
 HANG_BOUND = 60
+# How long the database stays down each time, and the load runs on after
+# the last outage: the fault's length, not a bound and not a verdict.
+OUTAGE_SECONDS = 2
 api = Api(IDEM_DB_TIMEOUT_MS=DEADLINE_MS).start()
 answers = []
 stop = threading.Event()
@@ -36,7 +40,7 @@ def load(n):
         started = time.monotonic()
         try:
             r = api.post("/v1/orders", {"customer_id": f"c-queue-{n % 5}", "amount": 1000,
-                                        "currency": "RUB"}, key=new_key("queue"), timeout=30)
+                                        "currency": "RUB"}, key=new_key("queue"), timeout=ANSWER_BOUND)
             answers.append((started, time.monotonic() - started, r.status))
         except OSError as e:
             answers.append((started, time.monotonic() - started, repr(e)))
@@ -52,7 +56,7 @@ try:
                    "orders before the outage", timeout=HANG_BOUND)
         down = time.monotonic()
         cluster("stop")
-        time.sleep(2)
+        time.sleep(OUTAGE_SECONDS)
         cluster("start")
         up = time.monotonic()
         outages.append((down, up))
@@ -63,11 +67,11 @@ try:
         # count below would take for an order that gave up.
         wait_until(lambda: any(a[0] > up and a[2] == 201 for a in answers),
                    "the API to serve orders again", timeout=HANG_BOUND)
-    time.sleep(2)
+    time.sleep(OUTAGE_SECONDS)
 finally:
     stop.set()
     for th in threads:
-        th.join(30)
+        th.join(ANSWER_BOUND)
     cluster("start")
 
 statuses = {a[2] for a in answers}

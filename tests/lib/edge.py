@@ -7,7 +7,7 @@ import os
 import signal
 import subprocess
 
-from harness import TMP, free_port, request, wait_until
+from harness import EXIT_BOUND, HEALTH_BOUND, TMP, free_port, request, wait_until
 
 _edges = []
 
@@ -70,7 +70,7 @@ class Edge:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"haproxy exited: {self.read_log()}")
             try:
-                return request(self.port, "GET", "/healthz", timeout=3).status == 200
+                return request(self.port, "GET", "/healthz", timeout=HEALTH_BOUND).status == 200
             except OSError:
                 return False
         wait_until(ready, f"{self.name} to answer /healthz")
@@ -89,7 +89,7 @@ class Edge:
             return True
         self.proc.send_signal(signal.SIGTERM)
         try:
-            self.proc.wait(15)
+            self.proc.wait(EXIT_BOUND)
         except subprocess.TimeoutExpired:
             self.kill()
             return False
@@ -101,7 +101,7 @@ class Edge:
                 os.killpg(self.proc.pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
-            self.proc.wait(10)
+            self.proc.wait(EXIT_BOUND)
 
     def read_log(self):
         with open(self.logpath, errors="replace") as f:

@@ -30,12 +30,37 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 DB_URL = os.environ.get("IDEM_TEST_DATABASE_URL", "")
 TMP = os.environ.get("IDEM_TEST_TMP", "/tmp")
 TOKENS = {"shop-1": "dev-shop-1", "shop-2": "dev-shop-2"}
-# wait_until()'s and Background's default bound: a bound on a hang, never a
-# verdict on speed. Every wait is for a condition (a row, a log line, a
-# state the service reports) that comes in well under a second on a quiet
-# machine and in a few seconds beside make test-loaded's CPU hog; a test
-# whose condition may rightly take longer passes its own, named bound.
+# Every timeout in a test is a bound on a hang, never a verdict on speed:
+# a test waits for a condition (a row, a log line, a state the service
+# reports) and fails on its bound only when that condition never comes.
+# The bounds are named here, or as a module's own *_BOUND with the reason
+# for its size.
+#
+# WAIT_SECONDS, wait_until()'s and Background's default: a condition that
+# needs no more than the service's own work (a request, a statement, a
+# worker's start), typically well under a second on a quiet machine and a
+# few seconds beside make test-loaded's CPU hog.
 WAIT_SECONDS = 20
+# ANSWER_BOUND: a request that waits, on purpose, for one of the service's
+# stated timeouts before it answers (IDEM_DB_TIMEOUT_MS, a lock wait, the
+# provider's timeout, a test's slowed provider): its answer comes after
+# that timeout, so its bound is above it.
+ANSWER_BOUND = 30
+# JOB_BOUND: a condition reached through the service's background jobs
+# (recovery, cleanup, reconcile): their interval, a lease's expiry and the
+# retry backoff come before it, several seconds by design.
+JOB_BOUND = 60
+# REQUEST_BOUND: request()'s socket timeout, and concurrently()'s bound:
+# a request that may wait out one of the stated timeouts above, in a queue
+# behind others that do.
+REQUEST_BOUND = 60
+# HEALTH_BOUND: one GET /healthz, which the service promises to answer
+# (200 or 503) within a second whatever the database does
+# (docs/operations.md): a stated bound, kept with a margin.
+HEALTH_BOUND = 5
+# EXIT_BOUND: a process told to stop (SIGTERM, SIGKILL, its parent gone,
+# its stdin closed) to exit.
+EXIT_BOUND = 15
 
 
 # --- TAP --------------------------------------------------------------------
@@ -150,7 +175,7 @@ def cluster_port():
     return port
 
 
-def request(port, method, path, body=None, headers=None, timeout=60,
+def request(port, method, path, body=None, headers=None, timeout=REQUEST_BOUND,
             bad=False):
     """One request; to an API this test started it must agree with the
     document (tests/lib/openapi.py, check_request) unless bad=True says the
@@ -203,7 +228,7 @@ def check_request(method, path, headers, body):
 
 
 def post(port, path, body, key=None, client="shop-1", token=None,
-         content_type="application/json", headers=None, timeout=60,
+         content_type="application/json", headers=None, timeout=REQUEST_BOUND,
          bad=False):
     """POSTs body (a dict is sent as JSON) with the client's token."""
     hdrs = {}
@@ -223,7 +248,7 @@ def post(port, path, body, key=None, client="shop-1", token=None,
     return request(port, "POST", path, body, hdrs, timeout, bad=bad)
 
 
-def get(port, path, client="shop-1", timeout=60, bad=False):
+def get(port, path, client="shop-1", timeout=REQUEST_BOUND, bad=False):
     return request(port, "GET", path, None,
                    {"Authorization": f"Bearer {TOKENS[client]}"}, timeout,
                    bad=bad)
@@ -273,7 +298,7 @@ def concurrently(n, fn, *args, **kwargs):
         return fn(*args, **kwargs)
 
     jobs = [Background(go) for _ in range(n)]
-    return [j.wait(60) for j in jobs]
+    return [j.wait(REQUEST_BOUND) for j in jobs]
 
 
 # --- PostgreSQL -------------------------------------------------------------
@@ -326,7 +351,7 @@ class PsqlSession:
             self.proc.stdin.close()
         except BrokenPipeError:
             pass
-        self.proc.wait(10)
+        self.proc.wait(EXIT_BOUND)
 
 
 def cluster(action):
@@ -378,6 +403,23 @@ def waiting_backends(query_like):
     return int(sql_value(
         "select count(*) from pg_stat_activity where wait_event_type = 'Lock'"
         f" and query like {quote(query_like)}"))
+
+
+def server_end(server_port, client_port):
+    """The TCP state of a loopback server's end of the connection from
+    client_port ("ESTABLISHED", "CLOSE_WAIT", ...), or None once the server
+    has closed it: read off /proc/net/tcp, as ss would."""
+    states = {"01": "ESTABLISHED", "06": "TIME_WAIT", "07": "CLOSE",
+              "08": "CLOSE_WAIT", "09": "LAST_ACK", "04": "FIN_WAIT1",
+              "05": "FIN_WAIT2", "0B": "CLOSING"}
+    with open("/proc/net/tcp") as f:
+        for line in f.readlines()[1:]:
+            r = line.split()
+            if r[1].endswith(f":{server_port:04X}") and r[2].endswith(f":{client_port:04X}"):
+                state = states.get(r[3], r[3])
+                return None if state in ("LAST_ACK", "CLOSE", "FIN_WAIT1", "FIN_WAIT2",
+                                         "TIME_WAIT", "CLOSING") else state
+    return None
 
 
 # --- processes --------------------------------------------------------------
@@ -729,7 +771,7 @@ class Kore:
                 os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
-        self.proc.wait(10)
+        self.proc.wait(EXIT_BOUND)
         wait_until(lambda: not any(alive(p) for p in pids), f"{self.name} to die")
 
     def stop(self):
@@ -738,7 +780,7 @@ class Kore:
         pids = [self.proc.pid] + self.workers()
         self.proc.send_signal(signal.SIGTERM)
         try:
-            self.proc.wait(15)
+            self.proc.wait(EXIT_BOUND)
         except subprocess.TimeoutExpired:
             self.kill9()
         wait_until(lambda: not any(alive(p) for p in pids), f"{self.name} to exit")
@@ -757,7 +799,7 @@ class Api(Kore):
 
     def start(self):
         return super().start(lambda: request(self.port, "GET", "/healthz",
-                                             timeout=2).status == 200)
+                                             timeout=HEALTH_BOUND).status == 200)
 
     def post(self, path, body, **kw):
         return post(self.port, path, body, **kw)
@@ -780,7 +822,7 @@ class Provider(Kore):
     def start(self):
         return super().start(lambda: request(
             self.port, "GET", "/v1/charges?idempotency_key=ready",
-            timeout=2).status == 200)
+            timeout=HEALTH_BOUND).status == 200)
 
     def charges(self, key):
         """GET /v1/charges?idempotency_key=key: the charges made under it."""
@@ -866,14 +908,14 @@ class StripeMock:
     def kill9(self):
         if self.proc is not None and self.proc.poll() is None:
             self.proc.kill()
-            self.proc.wait(10)
+            self.proc.wait(EXIT_BOUND)
 
     def stop(self):
         if self.proc is None or self.proc.poll() is not None:
             return
         self.proc.terminate()
         try:
-            self.proc.wait(10)
+            self.proc.wait(EXIT_BOUND)
         except subprocess.TimeoutExpired:
             self.kill9()
 

@@ -38,8 +38,9 @@ import subprocess
 import threading
 import time
 
-from harness import (STRIPE_SECRET, Api, DbProxy, Provider, StripeMock, TMP, alive,
-                     cluster, get, post, request, sql)
+from harness import (ANSWER_BOUND, EXIT_BOUND, HEALTH_BOUND, JOB_BOUND, STRIPE_SECRET, WAIT_SECONDS, Api,
+                     DbProxy, Provider, StripeMock, TMP, alive, cluster, get, post, request,
+                     sql)
 
 PATHS = {"order": "/v1/orders", "bonus": "/v1/bonuses",
          "transfer": "/v1/bonuses/transfers", "payment": "/v1/payments",
@@ -360,7 +361,7 @@ class Soak:
 
     def duplicate(self, k, api, barrier, retries):
         try:
-            barrier.wait(10)
+            barrier.wait(WAIT_SECONDS)
         except threading.BrokenBarrierError:
             pass
         for attempt in range(retries + 1):
@@ -454,9 +455,9 @@ class Soak:
             os.kill(victim, signal.SIGKILL)
             what = f"{kind} {api.name} pid {victim}"
             if not self.wait(lambda: len(api.workers()) == 2 and victim not in api.workers()
-                             and all(alive(p) for p in api.workers()), 15):
+                             and all(alive(p) for p in api.workers()), WAIT_SECONDS):
                 self.defects.append(f"{api.name}: worker {victim} killed at "
-                                    f"{t0 - self.t0:.1f}s was not replaced within 15 s "
+                                    f"{t0 - self.t0:.1f}s was not replaced within {WAIT_SECONDS} s "
                                     f"(workers {api.workers()})")
         elif kind == "api_kill9_restart":
             api.kill9()
@@ -467,9 +468,11 @@ class Soak:
             before = api.read_log().count("reloaded '")
             os.kill(api.proc.pid, signal.SIGHUP)
             what = f"{kind} {api.name}"
-            if not self.wait(lambda: api.read_log().count("reloaded '") >= before + 2, 30):
+            if not self.wait(lambda: api.read_log().count("reloaded '") >= before + 2, ANSWER_BOUND):
+                # (a worker reloads once its requests in flight have
+                # answered, each within its stated timeout)
                 self.defects.append(f"{api.name}: a reload at {t0 - self.t0:.1f}s did not "
-                                    "reach both workers within 30 s")
+                                    f"reach both workers within {ANSWER_BOUND} s")
         elif kind == "provider_down" and self.proxy is not None:
             self.proxy.black_hole()
             time.sleep(rng.uniform(2, 4))
@@ -564,9 +567,9 @@ class Soak:
         self.chaos_over.set()
         done.set()
         for th in injectors:
-            th.join(120)
+            th.join(2 * JOB_BOUND)
             if th.is_alive():
-                self.defects.append("the last fault did not end within 120 s")
+                self.defects.append(f"the last fault did not end within {2 * JOB_BOUND} s")
         self.heal()
         for k in self.apis + [self.provider]:
             if k.proc.poll() is not None:
@@ -846,12 +849,16 @@ class Soak:
                            for up, w in workers.values()), workers))
         # A pooled connection whose server restarted fails its first query
         # (a retryable 503, docs/operations.md, "Health and outages"): each instance
-        # answers /healthz 200 within 5 s, then every time.
+        # answers /healthz 200 again (WAIT_SECONDS: a bound on a hang), then
+        # every time; each answer comes within HEALTH_BOUND, the service's
+        # stated bound with a margin.
         health = []
         for api in self.apis:
             health.append(self.wait(lambda: request(api.port, "GET", "/healthz",
-                                                    timeout=5).status == 200, 5))
-            health.extend(request(api.port, "GET", "/healthz", timeout=5).status == 200
+                                                    timeout=HEALTH_BOUND).status == 200,
+                                    WAIT_SECONDS))
+            health.extend(request(api.port, "GET", "/healthz",
+                                  timeout=HEALTH_BOUND).status == 200
                           for _ in range(4))
         checks.append(("and they serve (GET /healthz)", all(health), health))
         unexpected = [(k.key, a.phase, a.instance, a.label(), a.body[:200])
