@@ -34,7 +34,7 @@ import threading
 import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "lib"))
-from harness import sql, wait_until  # noqa: E402
+from harness import (JOB_BOUND, sql, wait_until)  # noqa: E402
 
 PORT = int(os.environ["IDEM_PORT"])
 TLS_PORT = int(os.environ["IDEM_TLS_PORT"])
@@ -283,7 +283,7 @@ def run(cases, seed, threads=6, extra=()):
     # line when haproxy ends the stream: both may follow the answers.
     try:
         wait_until(lambda: forwarded() <= seen(), "every forwarded request's access line",
-                   timeout=60)
+                   timeout=JOB_BOUND)
     except TimeoutError:
         pass
 

@@ -33,8 +33,8 @@ import threading
 import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "lib"))
-from harness import (ROOT, Tap, alive, cluster_port, get, post, quote,  # noqa: E402
-                     request, sql, sql_value, wait_until)
+from harness import (ANSWER_BOUND, COMMAND_BOUND, ROOT, Tap, alive, cluster_port,  # noqa: E402
+                     get, post, quote, request, sql, sql_value, wait_until)
 
 MIN_KEYS = int(os.environ.get("IDEM_TEST_CLUSTER_KEYS", "2000"))
 CLUSTER_DIR = os.environ["IDEM_CLUSTER_DIR"]
@@ -47,6 +47,14 @@ NODE_PORTS = {"node1": PGPORT + 1, "node2": PGPORT + 2}
 PROVIDER_DB = os.environ["IDEM_TEST_PROVIDER_DATABASE_URL"]
 RUN = f"cl{int(time.time())}"
 RETRYABLE = (409, 502, 503, 504)
+# Bounds on hangs (a test fails on one only when its condition never
+# comes): a promotion or a node's state change by the monitor, seconds
+# with the fast failover settings; an instance or a setting taken again;
+# every key of the scenario sent. The sleeps between the faults are the
+# scenario's shape (seconds of traffic between two faults), not bounds.
+PROMOTE_BOUND = 120
+RESTART_BOUND = 60
+KEYS_BOUND = 300
 
 t = Tap()
 t0 = time.monotonic()
@@ -108,10 +116,10 @@ def autoctl(*args):
            f"XDG_RUNTIME_DIR={CLUSTER_DIR}/run", "PATH=/usr/lib/postgresql/15/bin:/usr/bin:/bin"]
     return subprocess.run(["runuser", "-u", "postgres", "--"] + env +
                           ["pg_autoctl"] + list(args), capture_output=True,
-                          encoding="utf-8", errors="replace", timeout=120)
+                          encoding="utf-8", errors="replace", timeout=COMMAND_BOUND)
 
 
-def wait_states(want, what, timeout=120):
+def wait_states(want, what, timeout=PROMOTE_BOUND):
     """Waits until each node named in want reports (and has as goal) its
     state there."""
     wait_until(lambda: all(states().get(n, (None, None)) == (s, s)
@@ -152,7 +160,7 @@ key_numbers = itertools.count()
 events = []              # (time, what)
 
 
-def send(key, instance=None, phase="load", timeout=30):
+def send(key, instance=None, phase="load", timeout=ANSWER_BOUND):
     kind, path, body = keys[key]
     headers = {"X-Idem-Instance": f"api{instance}"} if instance else {}
     start = now()
@@ -276,13 +284,13 @@ class HealthProbe:
 
     def end(self):
         self.stop.set()
-        self.thread.join(30)
+        self.thread.join(ANSWER_BOUND)
         return self.longest
 
 
 def scenario():
     wait_until(lambda: len(keys) >= MIN_KEYS // 8, "keys before the first kill",
-               timeout=120, interval=0.2)
+               timeout=PROMOTE_BOUND, interval=0.2)
 
     # The parent alone, as the OOM killer or a crash of the parent would:
     # its workers must not outlive it (they kept the port for minutes), so
@@ -299,7 +307,7 @@ def scenario():
         new = instance_pids(victim)[0]
         return new not in (None, pids[0]) and alive(new) and instance_healthy(victim)
 
-    wait_until(replaced, "api2 to be started again", 60, 0.1)
+    wait_until(replaced, "api2 to be started again", RESTART_BOUND, 0.1)
     instance_replaced = now() - killed
     event(f"api{victim} answers again, a new instance ({instance_replaced:.1f} s)")
     t.ok(not any(alive(p) for p in pids[1:]),
@@ -313,7 +321,7 @@ def scenario():
     new = "node2" if old == "node1" else "node1"
     event(f"kill -9 of the primary {old} (pg_autoctl and PostgreSQL)")
     script("cluster-node", "kill", old)
-    wait_until(lambda: primary() == new, f"{new} to be promoted", 120, 0.2)
+    wait_until(lambda: primary() == new, f"{new} to be promoted", PROMOTE_BOUND, 0.2)
     event(f"the monitor promoted {new}")
     time.sleep(3)
     script("cluster-node", "start", old)
@@ -396,7 +404,7 @@ def main():
         th.start()
     try:
         scenario()
-        wait_until(lambda: len(keys) >= MIN_KEYS, f"{MIN_KEYS} keys", 300, 0.5)
+        wait_until(lambda: len(keys) >= MIN_KEYS, f"{MIN_KEYS} keys", KEYS_BOUND, 0.5)
     finally:
         stop_load.set()
         for th in loaders:
@@ -578,7 +586,7 @@ def hold_and_kill(mode):
             raise RuntimeError(f"set replication-quorum: {r.stdout}{r.stderr}")
     want_sync = mode == "synchronous"
     wait_until(lambda: bool(node_sql(old, "show synchronous_standby_names")) == want_sync,
-               f"the standby to be {mode}", 60, 0.5)
+               f"the standby to be {mode}", RESTART_BOUND, 0.5)
     log(f"{mode}: primary {old}, synchronous_standby_names = "
         f"'{node_sql(old, 'show synchronous_standby_names')}'")
 
@@ -593,7 +601,7 @@ def hold_and_kill(mode):
                 keys[key] = None
             keys[key] = (mode, "/v1/orders", {
                 "customer_id": f"{RUN}-{mode}", "amount": 1000, "currency": "RUB"})
-            sent.append(send(key, phase=mode, timeout=30))
+            sent.append(send(key, phase=mode))
 
     threads = [threading.Thread(target=orders) for _ in range(6)]
     for th in threads:
@@ -608,7 +616,7 @@ def hold_and_kill(mode):
         script("cluster-node", "kill", old)
         killed_at = now()
         log(f"{mode}: kill -9 of the primary {old}")
-        wait_until(lambda: primary() == new, f"{new} to be promoted", 120, 0.2)
+        wait_until(lambda: primary() == new, f"{new} to be promoted", PROMOTE_BOUND, 0.2)
         log(f"{mode}: the monitor promoted {new}")
         time.sleep(3)
     finally:

@@ -47,6 +47,13 @@ from harness import (ROOT, Tap, alive, cluster_port, post, quote, request,  # no
 
 KEYS = int(os.environ.get("IDEM_UPGRADE_KEYS", "400"))
 CLIENTS = 6
+# Bounds on hangs (a test fails on one only when its condition never
+# comes): an instance's processes to end on SIGTERM (its requests in
+# flight answered first); a new instance to serve, and haproxy to see it;
+# a share of the keys to be sent.
+STOP_BOUND = 60
+START_BOUND = 120
+KEYS_BOUND = 300
 CLUSTER_DIR = os.environ["IDEM_CLUSTER_DIR"]
 OLD_ROOT = os.environ["IDEM_UPGRADE_OLD_ROOT"]
 PORT = cluster_port()
@@ -279,17 +286,17 @@ def replace(i):
     os.kill(old, signal.SIGTERM)
     # Until its last worker is gone, a request accepted there may be cut.
     wait_until(lambda: not any(alive(p) for p in processes),
-               f"api{i}'s processes to end", 60, 0.01)
+               f"api{i}'s processes to end", STOP_BOUND, 0.01)
     stops.append((sent, now(), i))
     log(f"api{i}: its processes ended ({now() - sent:.2f} s)")
 
     def replaced():
         pid = instance_pid(i)
         return pid not in (None, old) and alive(pid) and healthy(i)
-    wait_until(replaced, f"api{i} to serve again", 120, 0.1)
+    wait_until(replaced, f"api{i} to serve again", START_BOUND, 0.1)
     pid = instance_pid(i)
     log(f"api{i}: this release's instance serves (pid {pid})")
-    wait_until(lambda: haproxy_sends_to(i), f"haproxy to have api{i} up", 120, 0.2)
+    wait_until(lambda: haproxy_sends_to(i), f"haproxy to have api{i} up", START_BOUND, 0.2)
     log(f"api{i}: haproxy has it up")
     return pid
 
@@ -305,18 +312,18 @@ def main():
     for th in clients:
         th.start()
     try:
-        wait_until(lambda: len(keys) >= KEYS // 5, "keys before the migrations", 300, 0.2)
+        wait_until(lambda: len(keys) >= KEYS // 5, "keys before the migrations", KEYS_BOUND, 0.2)
         log(f"{len(keys)} keys; this release's migrations")
         migrate()
         # Each stage under its share of the load: the migrated database
         # with the previous release alone, then with each mix of the two.
         for i in range(1, INSTANCES + 1):
             wait_until(lambda n=len(keys): len(keys) >= n + KEYS // 5,
-                       "keys before the next instance", 300, 0.2)
+                       "keys before the next instance", KEYS_BOUND, 0.2)
             replace(i)
         n = len(keys)
         wait_until(lambda: len(keys) >= max(KEYS, n + KEYS // 5), "the last keys",
-                   600, 0.2)
+                   2 * KEYS_BOUND, 0.2)
     finally:
         stop_load.set()
         for th in clients:

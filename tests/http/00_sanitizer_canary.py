@@ -8,7 +8,7 @@ import os
 import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "lib"))
-from harness import Api, Tap, request, wait_until  # noqa: E402
+from harness import (REQUEST_BOUND, Api, Tap, request, wait_until)  # noqa: E402
 
 if not os.environ.get("IDEM_TEST_KORE_PRELOAD"):
     print("1..0 # SKIP the sanitizer build only (make test-sanitize)")
@@ -19,7 +19,8 @@ api = Api(name="sanitizer-canary").start()
 for bug, report in (("heap", "ERROR: AddressSanitizer: heap-buffer-overflow"),
                     ("ub", "runtime error: signed integer overflow")):
     try:
-        r = request(api.port, "GET", f"/dev/sanitizer-canary/{bug}", timeout=30)
+        r = request(api.port, "GET", f"/dev/sanitizer-canary/{bug}",
+                    timeout=REQUEST_BOUND)
         answered = r.status
     except OSError:
         answered = None

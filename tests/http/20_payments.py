@@ -10,8 +10,8 @@ import sys
 import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "lib"))
-from harness import (ROOT, TMP, Api, Background, Provider, Tap, charges_to,  # noqa: E402
-                     concurrently, key_row, new_key, quote, sql_value, wait_until)
+from harness import (COMMAND_BOUND, ROOT, TMP, Api, Background, Provider, Tap,  # noqa: E402
+                     charges_to, concurrently, key_row, new_key, quote, sql_value, wait_until)
 
 t = Tap()
 # The provider thinks a second: the window in which a duplicate finds the
@@ -236,7 +236,7 @@ with open(os.path.join(ROOT, "kore.conf")) as f:
 with open(conf, "w") as f:
     f.write(text.replace("pidfile kore.pid", f"pidfile {TMP}/refused.pid"))
 out = subprocess.run(["kore", "-fnrc", conf], cwd=ROOT, env=env, capture_output=True,
-                     text=True, timeout=30)
+                     text=True, timeout=COMMAND_BOUND)
 t.ok(out.returncode != 0, "kore refuses to start with lease 5 s and timeout 5000 ms")
 t.ok("IDEM_LEASE_SECONDS" in out.stdout + out.stderr and
      "IDEM_PROVIDER_TIMEOUT_MS" in out.stdout + out.stderr,

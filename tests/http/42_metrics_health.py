@@ -13,7 +13,7 @@ import signal
 import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "lib"))
-from harness import (TOKENS, Api, Tap, check_openapi, metric, new_key,  # noqa: E402
+from harness import (REQUEST_BOUND, TOKENS, Api, Tap, check_openapi, metric, new_key,  # noqa: E402
                      request, wait_until)
 
 t = Tap()
@@ -34,7 +34,7 @@ for name in ("idem_requests_total", "idem_request_duration_seconds",
              "idem_lease_fenced_total"):
     t.ok(f"# TYPE {name} " in r.body.decode(), f"{name} is exported")
 
-conn = http.client.HTTPConnection("127.0.0.1", api.port, timeout=60)
+conn = http.client.HTTPConnection("127.0.0.1", api.port, timeout=REQUEST_BOUND)
 conn.connect()
 
 

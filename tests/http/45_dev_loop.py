@@ -24,8 +24,9 @@ import threading
 import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "lib"))
-from harness import (ANSWER_BOUND, DB_URL, EXIT_BOUND, ROOT, TMP, Tap, alive, as_from_a_terminal,  # noqa: E402
-                     copy_tree, free_port, get, metric, new_key, post, request, wait_until)
+from harness import (ANSWER_BOUND, DB_URL, EXIT_BOUND, HEALTH_BOUND, ROOT, TMP, Tap,  # noqa: E402
+                     alive, as_from_a_terminal, copy_tree, free_port, get, metric, new_key, post,
+                     request, wait_until)
 
 t = Tap()
 
@@ -212,7 +213,7 @@ def output():
 
 def answers():
     try:
-        return request(port, "GET", "/healthz", timeout=2).status == 200
+        return request(port, "GET", "/healthz", timeout=HEALTH_BOUND).status == 200
     except OSError:
         return False
 
@@ -440,7 +441,7 @@ def stack():
 def provider_answers():
     try:
         return request(provider_port, "GET", "/v1/charges?idempotency_key=x",
-                       timeout=2).status == 200
+                       timeout=HEALTH_BOUND).status == 200
     except OSError:
         return False
 

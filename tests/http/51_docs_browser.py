@@ -16,7 +16,7 @@ import sys
 import tempfile
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "lib"))
-from harness import ROOT, TMP, Api, Tap  # noqa: E402
+from harness import (COMMAND_BOUND, ROOT, TMP, Api, Tap)  # noqa: E402
 
 # make test renders the page: a machine without chromium fails here, unless
 # its user said the browser check is to be skipped.
@@ -49,7 +49,7 @@ try:
          # Runs the page's timers and fetches to the end before the dump.
          "--virtual-time-budget=15000", "--dump-dom",
          f"http://127.0.0.1:{api.port}/docs"],
-        capture_output=True, text=True, timeout=180)
+        capture_output=True, text=True, timeout=COMMAND_BOUND)
 finally:
     shutil.rmtree(profile, ignore_errors=True)
 

@@ -11,7 +11,7 @@ import subprocess
 import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "lib"))
-from harness import ROOT, TMP, Tap, alive, free_port, wait_until  # noqa: E402
+from harness import (COMMAND_BOUND, ROOT, TMP, Tap, alive, free_port, wait_until)  # noqa: E402
 
 t = Tap()
 
@@ -32,7 +32,7 @@ url = (f"host=127.0.0.1 port={port} dbname=idem user=idem sslmode=disable "
 
 def make(target, **extra):
     return subprocess.run(["make", "-s", "-C", copy, target], env=dict(env, **extra),
-                          capture_output=True, text=True, timeout=300)
+                          capture_output=True, text=True, timeout=COMMAND_BOUND)
 
 
 def postmaster():
@@ -42,7 +42,7 @@ def postmaster():
 
 def psql(query):
     return subprocess.run(["psql", url, "-XAtq", "-c", query],
-                          capture_output=True, text=True, timeout=30)
+                          capture_output=True, text=True, timeout=COMMAND_BOUND)
 
 
 try:
@@ -74,7 +74,8 @@ try:
          "make reset says when the cluster did not stop", r.stdout + r.stderr)
     t.ok(os.path.isfile(os.path.join(pgdata, "PG_VERSION")), "and keeps its data")
     # Woken, the postmaster gets the stop it was sent.
-    wait_until(lambda: not alive(pid), "the woken postmaster to stop", timeout=60)
+    wait_until(lambda: not alive(pid), "the woken postmaster to stop",
+               timeout=COMMAND_BOUND)
     make("db")
     t.eq(psql("select count(*) from stop_reset_mark").stdout.strip(), "0",
          "which make db serves again")

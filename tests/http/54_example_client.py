@@ -20,8 +20,8 @@ import sys
 import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "lib"))
-from harness import (ROOT, Api, Background, Provider, StubProvider, Tap,  # noqa: E402
-                     charges_to, free_port, new_key, provider_calls, wait_until)
+from harness import (COMMAND_BOUND, ROOT, Api, Background, Provider, StubProvider,  # noqa: E402
+                     Tap, charges_to, free_port, new_key, provider_calls, wait_until)
 
 t = Tap()
 PAY = os.path.join(ROOT, "examples", "pay.py")
@@ -48,7 +48,7 @@ def pay(*args, url=URL, env=None):
     started = time.monotonic()
     argv = [sys.executable, PAY] + (["--url", url] if url is not None else [])
     proc = subprocess.run(argv + list(args), capture_output=True, text=True,
-                          timeout=90, env=dict(os.environ, **(env or {})))
+                          timeout=COMMAND_BOUND, env=dict(os.environ, **(env or {})))
     return Run(proc, time.monotonic() - started)
 
 

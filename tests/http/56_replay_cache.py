@@ -13,8 +13,8 @@ import sys
 import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "lib"))
-from harness import (Api, Provider, Tap, metric, new_key, quote, sql, sql_value,  # noqa: E402
-                     wait_until)
+from harness import (JOB_BOUND, Api, Provider, Tap, metric, new_key, quote, sql,  # noqa: E402
+                     sql_value, wait_until)
 
 t = Tap()
 
@@ -161,7 +161,7 @@ try:
     t.ok(r.replayed, "a replay while the key is young", r)
     wait_until(lambda: sql_value("select count(*) from idempotency_keys where"
                                  f" idem_key = {quote(key)}") == "0",
-               "the cleanup to delete the key", timeout=30)
+               "the cleanup to delete the key", timeout=JOB_BOUND)
     r = api.post("/v1/orders", ORDER, key=key)
     t.ok(r.status == 201 and not r.replayed and r.body != first.body,
          "after the cleanup the retry is a new order, not a replay from memory", r)

@@ -12,7 +12,8 @@ import sys
 import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "lib"))
-from harness import Api, Background, Tap, alive, new_key, request, wait_until  # noqa: E402
+from harness import (ANSWER_BOUND, EXIT_BOUND, Api, Background, Tap, alive, new_key,  # noqa: E402
+                     request, wait_until)
 
 t = Tap()
 api = Api(name="api-orphan").start()
@@ -24,13 +25,13 @@ t.eq(len(workers), 2, "two workers")
 # may give).
 inflight = Background(api.post, "/v1/orders", {"customer_id": "c-orphan",
                                                 "amount": 100, "currency": "RUB"},
-                      key=new_key("orphan"), timeout=30)
+                      key=new_key("orphan"), timeout=ANSWER_BOUND)
 os.kill(api.proc.pid, signal.SIGKILL)
-api.proc.wait(10)
+api.proc.wait(EXIT_BOUND)
 killed = time.monotonic()
 try:
     wait_until(lambda: not any(alive(w) for w in workers),
-               "the orphaned workers to stop", timeout=20)
+               "the orphaned workers to stop")
 except TimeoutError:
     pass
 took = time.monotonic() - killed
@@ -39,7 +40,7 @@ t.ok(not any(alive(w) for w in workers),
      [w for w in workers if alive(w)])
 # A 201 or a 503, or cut with the worker (the client retries with its key).
 try:
-    r = inflight.wait(30)
+    r = inflight.wait(ANSWER_BOUND)
 except (OSError, http.client.HTTPException) as e:
     r = e
 t.ok(isinstance(r, (OSError, http.client.HTTPException)) or r.status in (201, 503),

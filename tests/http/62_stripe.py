@@ -30,9 +30,9 @@ import sys
 import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "lib"))
-from harness import (ROOT, STRIPE_SECRET, Api, Background, DbProxy, StripeMock, Tap,  # noqa: E402
-                     concurrently, derived_key, key_row, new_key, request, sql, sql_value,
-                     wait_until)
+from harness import (ANSWER_BOUND, COMMAND_BOUND, JOB_BOUND, ROOT, STRIPE_SECRET,  # noqa: E402
+                     Api, Background, DbProxy, StripeMock, Tap, concurrently, derived_key, key_row,
+                     new_key, request, sql, sql_value, wait_until)
 
 t = Tap()
 only = os.environ.get("IDEM_TEST_SCENARIO")
@@ -264,12 +264,13 @@ if scenario("killed"):
     wait_until(lambda: proxy.requested(key), "the call to be on the wire")
     slow.kill9()
     call.cut()
-    wait_until(lambda: len(charges(key)) == 1, "the mock to get the charge", timeout=20)
+    wait_until(lambda: len(charges(key)) == 1, "the mock to get the charge",
+               timeout=ANSWER_BOUND)
     recoverer = Api(name="api-recoverer", IDEM_RECOVERY_AFTER_SECONDS=1,
                     IDEM_RECOVERY_INTERVAL_SECONDS=1, IDEM_LEASE_SECONDS=4,
                     IDEM_PROVIDER_TIMEOUT_MS=3500, **STRIPE).start()
     wait_until(lambda: key_row(key)["status"] == "done", "the recovery job to finish it",
-               timeout=30)
+               timeout=JOB_BOUND)
     r = api.post("/v1/payments", payment(), key=key)
     t.ok(r.status == 201 and r.replayed and
          r.json()["charge_id"] == charges(key)[0]["id"] and len(charges(key)) == 1,
@@ -304,10 +305,10 @@ if scenario("strategies"):
             return [c for c in mock._all("charges")
                     if (c.get("metadata") or {}).get("recipient") == rcpt and
                     c.get("status") == "succeeded"]
-        wait_until(lambda: len(at_mock()) == 1, "the mock to charge", timeout=20)
+        wait_until(lambda: len(at_mock()) == 1, "the mock to charge", timeout=ANSWER_BOUND)
         if strategy != "naive":
             wait_until(lambda: not key_row(key)["leased"], "the dead worker's lease to end",
-                       timeout=20)
+                       timeout=JOB_BOUND)
         retry = api.post(paths[strategy], body, key=key)
         t.ok(retry.status == 201 and len(at_mock()) == want,
              f"API killed after Stripe charged, then a retry / {strategy}: 201, "
@@ -346,7 +347,7 @@ if scenario("refund"):
 if scenario("no-secret"):
     bad = Api(name="api-nosecret", IDEM_PROVIDER_KIND="stripe", IDEM_PROVIDER_SECRET="")
     proc = subprocess.run(["kore", "-fnrc", bad.conf], cwd=ROOT,
-                          env=bad.env, capture_output=True, text=True, timeout=30)
+                          env=bad.env, capture_output=True, text=True, timeout=COMMAND_BOUND)
     t.ok(proc.returncode != 0 and "IDEM_PROVIDER_SECRET" in proc.stdout + proc.stderr,
          "the stripe kind without a secret refuses to start, naming the setting",
          (proc.returncode, proc.stdout[-300:], proc.stderr[-300:]))

@@ -28,7 +28,7 @@ import random
 import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "lib"))
-from harness import (Api, Provider, Tap, derived_key, key_row, new_key,  # noqa: E402
+from harness import (JOB_BOUND, Api, Provider, Tap, derived_key, key_row, new_key,  # noqa: E402
                      provider_calls, quote, sql, sql_value, wait_until)
 
 t = Tap()
@@ -148,7 +148,7 @@ if scenario("recovery"):
     t.ok(r.status == 503 and r.headers.get("retry-after") == "1",
          "the client's one attempt: 503 outcome-pending, Retry-After 1", r)
     wait_until(lambda: key_row(key)["status"] == "done", "the recovery job to finish it",
-               timeout=30)
+               timeout=JOB_BOUND)
     t.ok(key_row(key)["status_code"] == "201" and made("charges", key) ==
          [derived_key(key, 3)], "the recovery job reconciles, generation by generation: "
          "one charge", made("charges", key))

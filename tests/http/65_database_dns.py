@@ -28,8 +28,8 @@ import socket
 import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "lib"))
-from harness import (Api, DbProxy, Tap, in_netns, new_key, pg_socket,  # noqa: E402
-                     quote, request, sql, sql_value, wait_until)
+from harness import (ANSWER_BOUND, HEALTH_BOUND, REQUEST_BOUND, Api, DbProxy, Tap,  # noqa: E402
+                     in_netns, new_key, pg_socket, quote, request, sql, sql_value, wait_until)
 from fake_dns import Resolver  # noqa: E402
 
 # The namespace's own /etc/hosts: localhost has two addresses.
@@ -50,12 +50,12 @@ def url(port):
 def order(api):
     return api.post("/v1/orders", {"customer_id": "c-dns", "amount": 100,
                                    "currency": "RUB"},
-                    key=new_key("dns"), timeout=30)
+                    key=new_key("dns"), timeout=ANSWER_BOUND)
 
 
 def healthz(api):
     try:
-        return request(api.port, "GET", "/healthz", timeout=5)
+        return request(api.port, "GET", "/healthz", timeout=HEALTH_BOUND)
     except OSError:
         return None
 
@@ -76,7 +76,7 @@ def reload_serves(api, what):
     api.proc.send_signal(signal.SIGHUP)
     wait_until(lambda: reloads(api) >= before + 2,
                f"the parent and the worker to reload ({what})")
-    r = request(api.port, "GET", "/openapi.json", timeout=20)
+    r = request(api.port, "GET", "/openapi.json", timeout=REQUEST_BOUND)
     t.eq(r.status, 200, f"a static request is served after a reload ({what})")
     wait_until(lambda: up(api), f"/healthz 200 after the reload ({what})")
     t.eq(order(api).status, 201, f"an order is made after the reload ({what})")
@@ -101,7 +101,7 @@ try:
     workers = api.workers()
 
     try:
-        static = request(api.port, "GET", "/openapi.json", timeout=20)
+        static = request(api.port, "GET", "/openapi.json", timeout=REQUEST_BOUND)
     except OSError as e:
         static = e
     held = dns.answered == 0 and dns.mode == "hold"

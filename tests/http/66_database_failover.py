@@ -26,8 +26,8 @@ import subprocess
 import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "lib"))
-from harness import (Api, Background, DbProxy, Tap, in_netns, new_key,  # noqa: E402
-                     pg_socket, request, sql_value, wait_until)
+from harness import (ANSWER_BOUND, HEALTH_BOUND, Api, Background, DbProxy, Tap,  # noqa: E402
+                     in_netns, new_key, pg_socket, request, sql_value, wait_until)
 
 NS = in_netns("failover")
 CLONE_NEWNET = 0x40000000
@@ -93,7 +93,7 @@ class Host:
         subprocess.run(["ip", "netns", "del", self.ns])
 
 
-def order(api, timeout=30):
+def order(api, timeout=ANSWER_BOUND):
     return api.post("/v1/orders", {"customer_id": "c-failover", "amount": 100,
                                    "currency": "RUB"},
                     key=new_key("fo"), timeout=timeout)
@@ -101,7 +101,7 @@ def order(api, timeout=30):
 
 def up(api):
     try:
-        return request(api.port, "GET", "/healthz", timeout=5).status == 200
+        return request(api.port, "GET", "/healthz", timeout=HEALTH_BOUND).status == 200
     except OSError:
         return False
 
@@ -148,7 +148,7 @@ try:
               IDEM_DB_TIMEOUT_MS=2 * CONNECT_TIMEOUT * 1000)
     api.env["IDEM_DATABASE_URL"] = url(a, b)
     super(Api, api).start(lambda: request(api.port, "GET", "/openapi.json",
-                                          timeout=5).status == 200)
+                                          timeout=HEALTH_BOUND).status == 200)
     first = Background(order, api)
     r = first.wait(timeout=HANG)
     t.eq(r.status, 201, "an order sent as the instance starts is made within its "

@@ -26,8 +26,8 @@ import sys
 import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "lib"))
-from harness import (DB_URL, ROOT, Api, Background, PsqlSession, Tap, get,  # noqa: E402
-                     new_key, quote, sql, sql_value, wait_until)
+from harness import (ANSWER_BOUND, COMMAND_BOUND, DB_URL, ROOT, Api, Background,  # noqa: E402
+                     PsqlSession, Tap, get, new_key, quote, sql, sql_value, wait_until)
 
 t = Tap()
 CONN_MAX = 4
@@ -163,11 +163,11 @@ def unconfirmed_in_german():
     body = {"customer_id": "c-german", "amount": 100, "currency": "RUB"}
     sync_rep("idem_test_no_such_standby")
     try:
-        pending = Background(api.post, "/v1/orders", body, key=key, timeout=30)
+        pending = Background(api.post, "/v1/orders", body, key=key, timeout=ANSWER_BOUND)
         wait_until(lambda: waiting_for_standby() == 1, "the commit to wait for the standby")
         sql("select pg_cancel_backend(pid) from pg_stat_activity where wait_event = 'SyncRep'"
             " and query like '%tx_execute(%'")
-        r = pending.wait(30)
+        r = pending.wait(ANSWER_BOUND)
     finally:
         sync_rep("")
     t.ok(r.status == 503 and r.headers.get("retry-after") == "1"
@@ -194,7 +194,7 @@ def lists_that_do_not_match():
         # A bound on a hang (a start that is not refused runs on).
         try:
             proc = subprocess.run(["kore", "-fnrc", bad.conf], cwd=ROOT, env=bad.env,
-                                  capture_output=True, text=True, timeout=60)
+                                  capture_output=True, text=True, timeout=COMMAND_BOUND)
             rc, out = proc.returncode, proc.stdout + proc.stderr
         except subprocess.TimeoutExpired as e:
             rc, out = None, f"still running after {e.timeout} s"

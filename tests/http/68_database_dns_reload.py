@@ -25,8 +25,8 @@ import signal
 import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "lib"))
-from harness import (Api, DbProxy, Tap, in_netns, new_key, pg_socket,  # noqa: E402
-                     request, sql_value, wait_until)
+from harness import (ANSWER_BOUND, HEALTH_BOUND, REQUEST_BOUND, Api, DbProxy, Tap,  # noqa: E402
+                     in_netns, new_key, pg_socket, request, sql_value, wait_until)
 from fake_dns import Resolver  # noqa: E402
 
 in_netns("dnsreload")
@@ -45,12 +45,12 @@ def url(port):
 def order(api):
     return api.post("/v1/orders", {"customer_id": "c-dns", "amount": 100,
                                    "currency": "RUB"},
-                    key=new_key("dnsr"), timeout=30)
+                    key=new_key("dnsr"), timeout=ANSWER_BOUND)
 
 
 def healthz(api):
     try:
-        return request(api.port, "GET", "/healthz", timeout=5)
+        return request(api.port, "GET", "/healthz", timeout=HEALTH_BOUND)
     except OSError:
         return None
 
@@ -98,7 +98,7 @@ try:
     t.ok(dns.answered == 0,
          "the worker reloaded while its query was still held",
          f"resolver answered {dns.answered}")
-    r = request(api.port, "GET", "/openapi.json", timeout=20)
+    r = request(api.port, "GET", "/openapi.json", timeout=REQUEST_BOUND)
     t.eq(r.status, 200, "a static request is served after that reload")
     dns.set("answer")
     wait_until(lambda: up(api), "/healthz 200 once the held query is answered")
@@ -112,7 +112,7 @@ try:
     wait_until(lambda: dns.answered >= 2,
                "two slow failures of the worker's queries")
     reload(api, "resolver failing slowly")
-    r = request(api.port, "GET", "/openapi.json", timeout=20)
+    r = request(api.port, "GET", "/openapi.json", timeout=REQUEST_BOUND)
     t.eq(r.status, 200, "a static request is served after a reload while "
          "the resolver fails slowly")
     t.ok("forced no reloaded" not in api.read_log(),

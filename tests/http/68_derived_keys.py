@@ -34,7 +34,7 @@ import random
 import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "lib"))
-from harness import (STRIPE_SECRET, Api, Provider, StripeMock, Tap,  # noqa: E402
+from harness import (REQUEST_BOUND, STRIPE_SECRET, Api, Provider, StripeMock, Tap,  # noqa: E402
                      derived_key, key_row, new_key, quote, sql, sql_value)
 
 t = Tap()
@@ -214,7 +214,7 @@ if scenario("upgrade"):
     base = new_key("dk")
     source = chain("tok_500", "tok_500", "tok_visa")
     seen = [stripe.post("/v1/payments", stripe_payment(source), key=base) for _ in range(2)]
-    conn = http.client.HTTPConnection("127.0.0.1", mock.port, timeout=60)
+    conn = http.client.HTTPConnection("127.0.0.1", mock.port, timeout=REQUEST_BOUND)
     conn.request("POST", "/v1/charges", body=urllib.parse.urlencode({
         "amount": 10000, "currency": "rub", "source": "tok_visa",
         "metadata[idempotency_key]": f"shop-1:{base}:2", "metadata[key_generation]": "2",

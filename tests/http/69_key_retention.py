@@ -30,7 +30,8 @@ import time
 import urllib.parse
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "lib"))
-from harness import STRIPE_SECRET, Api, Tap, key_row, new_key, sql, sql_value, wait_until  # noqa: E402
+from harness import (JOB_BOUND, STRIPE_SECRET, Api, Tap, key_row, new_key, sql,  # noqa: E402
+                     sql_value, wait_until)
 
 t = Tap()
 
@@ -221,7 +222,7 @@ api.stop()
 job = Api(name="api-retention-job", IDEM_RECOVERY_AFTER_SECONDS=1,
           IDEM_RECOVERY_INTERVAL_SECONDS=1, **env).start()
 wait_until(lambda: key_row(key)["status"] == "done", "the recovery job to finish it",
-           timeout=60)
+           timeout=JOB_BOUND)
 made = stub.of(f"shop-1:{key}") + stub.of(f"shop-1:{key}:2")
 t.ok(first.status == 504 and len(made) == 1 and
      stub.posts.count(f"shop-1:{key}") == 1 and

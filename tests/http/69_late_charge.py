@@ -28,8 +28,8 @@ import subprocess
 import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "lib"))
-from harness import (DB_URL, ROOT, Api, Background, Provider, Tap, key_row,  # noqa: E402
-                     metric, new_key, provider_calls, quote, sql, sql_value, wait_until)
+from harness import (COMMAND_BOUND, DB_URL, ROOT, Api, Background, Provider, Tap,  # noqa: E402
+                     key_row, metric, new_key, provider_calls, quote, sql, sql_value, wait_until)
 
 t = Tap()
 only = os.environ.get("IDEM_TEST_SCENARIO")
@@ -84,7 +84,7 @@ def idemctl(*args):
         env.pop(v, None)
     # A bound on a hang, not a verdict.
     return subprocess.run([os.path.join(ROOT, "scripts", "idemctl")] + list(args), env=env,
-                          capture_output=True, text=True, timeout=120)
+                          capture_output=True, text=True, timeout=COMMAND_BOUND)
 
 
 def generation_of(key):

@@ -36,8 +36,8 @@ import time
 import urllib.parse
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "lib"))
-from harness import (STRIPE_SECRET, Api, StripeMock, Tap, concurrently,  # noqa: E402
-                     derived_key, key_row, new_key, quote, sql_value, wait_until)
+from harness import (REQUEST_BOUND, STRIPE_SECRET, Api, StripeMock, Tap,  # noqa: E402
+                     concurrently, derived_key, key_row, new_key, quote, sql_value, wait_until)
 
 t = Tap()
 only = os.environ.get("IDEM_TEST_SCENARIO")
@@ -72,7 +72,7 @@ class ListingProxy:
                 if listing:
                     proxy.lists.append(urllib.parse.parse_qs(path.query))
                     time.sleep(proxy.delay)
-                conn = http.client.HTTPConnection("127.0.0.1", proxy.target, timeout=60)
+                conn = http.client.HTTPConnection("127.0.0.1", proxy.target, timeout=REQUEST_BOUND)
                 headers = {k: v for k, v in self.headers.items()
                            if k.lower() not in ("host", "connection", "content-length")}
                 conn.request(self.command, self.path, body=body, headers=headers)
@@ -174,7 +174,7 @@ for name, key in keys.items():
 
 # The charges Stripe made under the first two all the same, then, from the
 # next second on (the mock lists the newest first), 2,000 of another client.
-conn = http.client.HTTPConnection("127.0.0.1", mock.port, timeout=60)
+conn = http.client.HTTPConnection("127.0.0.1", mock.port, timeout=REQUEST_BOUND)
 made = {name: mock_charge(conn, "shop-1", derived_key(keys[name], key_max=255))
         for name in ("busy", "short-lease")}
 second = int(time.time())
@@ -182,7 +182,7 @@ wait_until(lambda: int(time.time()) > second, "the next second")
 
 
 def others(n):
-    c = http.client.HTTPConnection("127.0.0.1", mock.port, timeout=60)
+    c = http.client.HTTPConnection("127.0.0.1", mock.port, timeout=REQUEST_BOUND)
     for _ in range(n):
         mock_charge(c, "shop-2", f"shop-2:other-{random.randrange(10**12)}")
     c.close()

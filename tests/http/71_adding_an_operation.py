@@ -19,7 +19,7 @@ import subprocess
 import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "lib"))
-from harness import ROOT, Tap, copy_tree, free_port  # noqa: E402
+from harness import (COMMAND_BOUND, ROOT, Tap, copy_tree, free_port)  # noqa: E402
 
 t = Tap()
 GUIDE = os.path.join(ROOT, "docs", "adding-an-operation.md")
@@ -100,16 +100,18 @@ env = dict(os.environ, IDEM_TEST_PGPORT=str(free_port()), IDEM_TEST_NO_BROWSER="
            "tests/http/27_bad_input_catalogue.py tests/http/50_openapi.py")
 for v in ("IDEM_TEST_PGDATA", "IDEM_DATABASE_URL", "IDEM_TEST_DB_URL"):
     env.pop(v, None)
+# A bound on a hang for the copy's build and its make test of three files.
+SUITE_BOUND = 1800
 # A bound, not a verdict: the copy's make test stops its own cluster when
 # it is told to stop.
 proc = subprocess.Popen(["scripts/test"], cwd=copy, env=env, stdout=subprocess.PIPE,
                         stderr=subprocess.STDOUT, text=True)
 try:
-    out, _ = proc.communicate(timeout=1800)
+    out, _ = proc.communicate(timeout=SUITE_BOUND)
 except subprocess.TimeoutExpired:
     proc.terminate()
-    out, _ = proc.communicate(timeout=120)
-    out += "\n(stopped after 30 minutes)"
+    out, _ = proc.communicate(timeout=COMMAND_BOUND)
+    out += f"\n(stopped after {SUITE_BOUND} s)"
 t.ok(proc.returncode == 0 and "Result: PASS" in out,
      "the copy's make test passes the new operation's test, the catalogue and the "
      "document's", out[-3000:])

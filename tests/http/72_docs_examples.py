@@ -21,7 +21,7 @@ import subprocess
 import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "lib"))
-from harness import DB_URL, ROOT, Api, Provider, Tap  # noqa: E402
+from harness import (COMMAND_BOUND, DB_URL, ROOT, Api, Provider, Tap)  # noqa: E402
 
 t = Tap()
 name = f"idem_docs_{os.getpid()}"
@@ -114,7 +114,7 @@ try:
             for cmd, expect in steps:
                 first = cmd.splitlines()[0][:70]
                 try:
-                    r = subprocess.run(["bash", "-c", cmd], cwd=ROOT, env=env, timeout=60,
+                    r = subprocess.run(["bash", "-c", cmd], cwd=ROOT, env=env, timeout=COMMAND_BOUND,
                                        capture_output=True, text=True)
                 except subprocess.TimeoutExpired:
                     t.ok(False, f"{page}: $ {first}", "it ran past 60 s")

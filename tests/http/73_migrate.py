@@ -21,10 +21,13 @@ import sys
 import threading
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "lib"))
-from harness import (DB_URL, ROOT, TMP, Api, Kore, PsqlSession, Tap,  # noqa: E402
-                     new_key, request, wait_until)
+from harness import (ANSWER_BOUND, DB_URL, HEALTH_BOUND, REQUEST_BOUND, ROOT, TMP,  # noqa: E402
+                     Api, Kore, PsqlSession, Tap, new_key, request, wait_until)
 
 t = Tap()
+# A bound on a hang for a make migrate (every migration, a loaded machine,
+# the sanitizers' build beside it): well under a minute.
+MIGRATE_BOUND = 120
 admin = re.sub(r"dbname=\S+", "dbname=postgres", DB_URL)
 base = f"idem_migrate_{os.getpid()}"
 SQL = sorted(f for f in os.listdir(os.path.join(ROOT, "sql")) if f.endswith(".sql"))
@@ -278,11 +281,10 @@ try:
                 for _ in range(2)]
         wait_until(lambda: psql(u, "select count(*) from pg_locks where locktype = 'advisory'"
                                    " and not granted") == "2", f"both migrators of {what} "
-                   "to wait on the lock", timeout=60)
+                   "to wait on the lock", timeout=MIGRATE_BOUND)
         s.run("commit;")
         s.close()
-        # A bound on a hang, not a verdict.
-        return [(p.wait(timeout=120), p.stdout.read()) for p in runs]
+        return [(p.wait(timeout=MIGRATE_BOUND), p.stdout.read()) for p in runs]
 
     u = database("race")
     runs = at_once(u, "a fresh database")
@@ -342,7 +344,7 @@ try:
     held.run("commit;")
     held.close()
     for th in threads:
-        th.join(60)  # a bound on a hang
+        th.join(ANSWER_BOUND)
     t.eq({w: a for w, a in answers.items() if a[0] != 0}, {},
          "1.0.0's calls waiting on this release's migrations all answer when they commit")
     t.eq([answers.get(w, (None, None))[1] for w in calls], ["reserved", "in_flight", "0"],
@@ -370,7 +372,7 @@ try:
     t.ok(r.returncode == 0, "a database migrated without the last migration", r.out)
     api = Api(name="api-migrate")
     api.env["IDEM_DATABASE_URL"] = behind
-    Kore.start(api, lambda: request(api.port, "GET", "/healthz", timeout=3).status == 503)
+    Kore.start(api, lambda: request(api.port, "GET", "/healthz", timeout=HEALTH_BOUND).status == 503)
     h = request(api.port, "GET", "/healthz")
     t.ok(h.status == 503 and h.json().get("type", "").endswith("/database-misconfigured") and
          "schema behind" in h.json()["detail"] and SQL[-1] in h.json()["detail"],
@@ -384,7 +386,7 @@ try:
     r = migrate(behind)
     t.ok(r.returncode == 0 and f"applied {SQL[-1]}" in r.stdout, "make migrate catches up",
          r.out)
-    wait_until(lambda: request(api.port, "GET", "/healthz", timeout=3).status == 200,
+    wait_until(lambda: request(api.port, "GET", "/healthz", timeout=HEALTH_BOUND).status == 200,
                "/healthz to answer 200 once migrated")
     h = request(api.port, "GET", "/healthz")
     t.eq(h.json(), {"status": "ok", "database": "up", "version": RELEASE,
@@ -432,7 +434,7 @@ try:
          log[-1500:])
 
     # Every answer carries the release: Kore's own bare ones too.
-    with socket.create_connection(("127.0.0.1", api.port), timeout=10) as s:
+    with socket.create_connection(("127.0.0.1", api.port), timeout=REQUEST_BOUND) as s:
         s.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-Bad: \x01\r\n\r\n")
         raw = b""
         while b"\r\n\r\n" not in raw:

@@ -23,9 +23,9 @@ import threading
 import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "lib"))
-from harness import (DB_URL, ROOT, STRIPE_SECRET, Api, Background, Kore,  # noqa: E402
-                     Provider, StripeMock, Tap, free_port, new_key, post, request, sql,
-                     sql_value, wait_until)
+from harness import (COMMAND_BOUND, DB_URL, HEALTH_BOUND, REQUEST_BOUND, ROOT,  # noqa: E402
+                     STRIPE_SECRET, Api, Background, Kore, Provider, StripeMock, Tap, free_port,
+                     new_key, post, request, sql, sql_value, wait_until)
 
 t = Tap()
 CACHE_SECONDS = 2
@@ -38,7 +38,7 @@ def idemctl(*args, **env):
     e.update(env)
     # A bound on a hang, not a verdict.
     r = subprocess.run([os.path.join(ROOT, "scripts", "idemctl")] + list(args), env=e,
-                       capture_output=True, text=True, timeout=120)
+                       capture_output=True, text=True, timeout=COMMAND_BOUND)
     r.out = r.stdout + r.stderr
     return r
 
@@ -148,7 +148,8 @@ papi = Api(name="api-idemctl-raced", conf_extra=["workers 1"],
            IDEM_AUTH_CACHE_SECONDS=CACHE_SECONDS, IDEM_DB_TIMEOUT_MS=60000)
 papi.env["IDEM_DATABASE_URL"] = re.sub(r"port=\S+", f"port={proxy.port}", re.sub(
     r"host=\S+", "host=127.0.0.1", DB_URL)) + " application_name=idemctl-raced"
-Kore.start(papi, lambda: request(papi.port, "GET", "/healthz", timeout=3).status == 200)
+Kore.start(papi, lambda: request(papi.port, "GET", "/healthz",
+                                 timeout=HEALTH_BOUND).status == 200)
 t.eq(order(papi, "dev-shop-1").status, 201, "an API whose database answers through a proxy")
 LOOKUP = ("select count(*) from pg_stat_activity where application_name = 'idemctl-raced'"
           " and query like 'SELECT client_id FROM clients WHERE token_sha256 = $1%'")
@@ -160,24 +161,27 @@ def both_lookups_prepared():
     slowed so that the second takes the other connection."""
     proxy.delay = 0.5
     for r in [Background(order, papi, f"warm-{new_key()}") for _ in range(2)]:
-        r.wait(timeout=60)
+        r.wait(timeout=REQUEST_BOUND)
     proxy.delay = 0.0
     return sql_value(LOOKUP) == "2"
 
 
-wait_until(both_lookups_prepared, "both lookup connections to be prepared", timeout=120)
+# A bound on a hang: each round sends two lookups, which take the two
+# connections or one of them; a few rounds do.
+wait_until(both_lookups_prepared, "both lookup connections to be prepared",
+           timeout=2 * REQUEST_BOUND)
 mark = sql_value("select clock_timestamp()")
 proxy.delay = DELAY
 first = Background(order, papi, token)
 # The server has run the lookup (its backend idle again after it), and
 # its answer is held in the proxy: the client is revoked now.
 wait_until(lambda: sql_value(LOOKUP + f" and state = 'idle' and query_start > '{mark}'")
-           != "0", "the lookup to be answered", timeout=60)
+           != "0", "the lookup to be answered")
 revoked = idemctl("client", "revoke", raced)
 after = time.monotonic()
 # The lookup's answer stays held for its delay; the rest flows.
 proxy.delay = 0.0
-t.eq(first.wait(timeout=120).status, 201, "the request whose lookup preceded the revocation "
+t.eq(first.wait(timeout=REQUEST_BOUND).status, 201, "the request whose lookup preceded the revocation "
      "is served")
 time.sleep(max(0.0, after + CACHE_SECONDS + 0.1 - time.monotonic()))
 t.eq(order(papi, token).status, 401, "the bound counts from the lookup's start: past it "
@@ -210,7 +214,7 @@ piped = subprocess.run([os.path.join(ROOT, "scripts", "idemctl"), "key", "shop-1
                         "--access-log", "-"],
                        env=dict(os.environ, IDEM_DATABASE_URL=DB_URL,
                                 IDEM_PROVIDER_URL=provider.url),
-                       input=journal, capture_output=True, timeout=120)
+                       input=journal, capture_output=True, timeout=COMMAND_BOUND)
 out = piped.stdout.decode(errors="replace")
 t.ok(piped.returncode == 0 and "access log (standard input)" in out and
      any(f"key={okey} " in l and "status=201" in l for l in out.splitlines()),
@@ -226,7 +230,7 @@ try:
     cut = subprocess.run([os.path.join(ROOT, "scripts", "idemctl"), "key", "shop-1", okey],
                          env=dict(os.environ, IDEM_DATABASE_URL=DB_URL,
                                   IDEM_PROVIDER_URL=provider.url),
-                         stdout=wfd, stderr=subprocess.PIPE, text=True, timeout=120)
+                         stdout=wfd, stderr=subprocess.PIPE, text=True, timeout=COMMAND_BOUND)
 finally:
     os.close(wfd)
 t.ok(cut.returncode == -signal.SIGPIPE and "Traceback" not in cut.stderr and

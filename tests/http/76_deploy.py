@@ -44,8 +44,9 @@ import http.client
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "lib"))
 import harness  # noqa: E402
-from harness import (DB_URL, ROOT, STRIPE_SECRET, Tap, alive, free_port,  # noqa: E402
-                     new_key, post, sql_value, wait_until, StripeMock)
+from harness import (COMMAND_BOUND, DB_URL, HEALTH_BOUND, REQUEST_BOUND, ROOT,  # noqa: E402
+                     STRIPE_SECRET, StripeMock, Tap, alive, free_port, new_key, post, sql_value,
+                     wait_until)
 from edge import Edge, self_signed_pem  # noqa: E402
 
 t = Tap()
@@ -163,7 +164,7 @@ if shutil.which("systemd-analyze"):
     # A bound on a hang, not a verdict.
     v = subprocess.run(["systemd-analyze", "verify", os.path.join(vdir, "idem@api1.service"),
                         os.path.join(vdir, "idem-edge.service")],
-                       capture_output=True, text=True, timeout=120)
+                       capture_output=True, text=True, timeout=COMMAND_BOUND)
     t.ok(v.returncode == 0 and not (v.stdout + v.stderr).strip(),
          "systemd-analyze verify: not a word about either unit", v.stdout + v.stderr)
 else:
@@ -190,8 +191,9 @@ with open(os.path.join(rel, ".build-flavor"), "w") as f:
     f.write("prod\n")
 os.symlink("release.so", os.path.join(rel, "app.so"))
 # A bound on a hang (the old order built the module first), not a verdict.
+UPGRADE_BOUND = 900
 up = subprocess.run(["make", "-s", "-C", rel, "test-upgrade"], capture_output=True, text=True,
-                    timeout=900, env=dict(os.environ, IDEM_TEST_CLUSTER_PORT=str(free_port())))
+                    timeout=UPGRADE_BOUND, env=dict(os.environ, IDEM_TEST_CLUSTER_PORT=str(free_port())))
 t.ok(up.returncode != 0 and "not in this clone's history" in up.stderr and
      "development checkout" in up.stderr, "make test-upgrade in a deployed release: "
      "refused, told to run in a development checkout", up.stdout + up.stderr)
@@ -211,7 +213,7 @@ if shown.returncode == 0:
         f.write(shown.stdout)
     open(os.path.join(old, "app.so"), "w").close()
     made = subprocess.run([os.path.join(DEPLOY, "instance-conf"), old, os.path.join(old, "run")],
-                          capture_output=True, text=True, timeout=60)
+                          capture_output=True, text=True, timeout=COMMAND_BOUND)
     conf = open(os.path.join(old, "run", "kore.conf")).read() if made.returncode == 0 else ""
     t.ok(re.search(rf"^load {re.escape(os.path.realpath(old))}/app\.so ", conf, re.M) and
          f"pidfile {old}/run/kore.pid" in conf, f"instance-conf makes release {first}'s "
@@ -293,7 +295,7 @@ class Instance:
 
     def start(self):
         pre = subprocess.run(as_user(command(one(api_unit, "Service", "ExecStartPre"), self.name)),
-                             cwd=ROOT, env=self.env, capture_output=True, text=True, timeout=60)
+                             cwd=ROOT, env=self.env, capture_output=True, text=True, timeout=COMMAND_BOUND)
         if pre.returncode != 0:
             raise RuntimeError(f"ExecStartPre of {self.name}: {pre.stderr}")
         self.log = open(self.logpath, "a")
@@ -307,7 +309,7 @@ class Instance:
         if self.proc.poll() is not None:
             raise RuntimeError(f"{self.name} exited: {self.read_log()}")
         try:
-            return harness.request(self.port, "GET", "/healthz", timeout=3).status == 200
+            return harness.request(self.port, "GET", "/healthz", timeout=HEALTH_BOUND).status == 200
         except OSError:
             return False
 
@@ -325,7 +327,7 @@ class Instance:
                     os.kill(pid, signal.SIGKILL)
                 except ProcessLookupError:
                     pass
-            self.proc.wait(10)
+            self.proc.wait(harness.EXIT_BOUND)
 
     def read_log(self):
         with open(self.logpath, errors="replace") as f:
@@ -363,7 +365,7 @@ os.chown(edir, 0, hgid)
 os.chmod(edir, 0o770)
 cfg = os.path.join(edir, "haproxy.cfg")
 made = subprocess.run([os.path.join(DEPLOY, "edge-config")] + [str(i.port) for i in instances],
-                      capture_output=True, text=True, timeout=60)
+                      capture_output=True, text=True, timeout=COMMAND_BOUND)
 t.ok(made.returncode == 0 and made.stdout.count(" check") >= 4, "edge-config writes a backend "
      "of the two instances", made.stderr)
 with open(cfg, "w") as f:
@@ -389,7 +391,7 @@ wait_until(lambda: all(i.access("/healthz", 200) >= 3 for i in instances),
 
 added = subprocess.run([os.path.join(ROOT, "scripts", "idemctl"), "client", "add",
                         f"deploy-{os.getpid()}"], env=dict(os.environ, IDEM_DATABASE_URL=DB_URL),
-                       capture_output=True, text=True, timeout=120)
+                       capture_output=True, text=True, timeout=COMMAND_BOUND)
 token = added.stdout.strip().splitlines()[-1] if added.returncode == 0 else ""
 t.ok(token.startswith("idem_"), "the first client, added with scripts/idemctl", added.stderr)
 
@@ -411,7 +413,7 @@ p = post(edge.port, "/v1/payments", {"amount": 1500, "currency": "RUB", "recipie
 t.ok(p.status == 201 and len(stripe.charges_of(f"deploy-{os.getpid()}:{pkey}")) == 1,
      "a payment: one charge at the Stripe mock (IDEM_PROVIDER_KIND=stripe)", p)
 
-conn = http.client.HTTPConnection("127.0.0.1", edge.port, timeout=60)
+conn = http.client.HTTPConnection("127.0.0.1", edge.port, timeout=REQUEST_BOUND)
 conn.request("POST", "/v1/orders", body=b'{"customer_id":"c-deploy","amount":301,'
              b'"currency":"RUB"}', headers={"Authorization": f"Bearer {token}",
                                            "Content-Type": "application/json",
@@ -425,7 +427,7 @@ t.eq((r.status, r.reason), (422, "Unprocessable Content"), "a key reused: its 42
 ctx = ssl.create_default_context()
 ctx.check_hostname = False
 ctx.verify_mode = ssl.CERT_NONE
-conn = http.client.HTTPSConnection("127.0.0.1", edge.tls_port, timeout=60, context=ctx)
+conn = http.client.HTTPSConnection("127.0.0.1", edge.tls_port, timeout=REQUEST_BOUND, context=ctx)
 conn.request("GET", "/healthz")
 r = conn.getresponse()
 r.read()

@@ -16,7 +16,7 @@ import os
 import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "lib"))
-from harness import ROOT, TMP, Api, Tap, free_port, new_key  # noqa: E402
+from harness import (REQUEST_BOUND, ROOT, TMP, Api, Tap, free_port, new_key)  # noqa: E402
 from edge import Edge, self_signed_pem  # noqa: E402
 
 t = Tap()
@@ -32,7 +32,7 @@ OTHER = b'{"customer_id":"c-reason","amount":701,"currency":"RUB"}'
 
 def status_line(port, method, path, body=None, headers=None):
     """The status and the reason phrase as sent (http.client keeps it)."""
-    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=REQUEST_BOUND)
     try:
         conn.request(method, path, body=body, headers=headers or {})
         r = conn.getresponse()

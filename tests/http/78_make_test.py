@@ -14,7 +14,7 @@ import sys
 import tempfile
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "lib"))
-from harness import ROOT, TMP, Tap, free_port  # noqa: E402
+from harness import (HEALTH_BOUND, ROOT, TMP, Tap, free_port)  # noqa: E402
 
 t = Tap()
 TEST = os.path.join(ROOT, "scripts", "test")
@@ -67,7 +67,7 @@ def clusters_on(port):
 
 def accepts(port):
     try:
-        socket.create_connection(("127.0.0.1", port), timeout=3).close()
+        socket.create_connection(("127.0.0.1", port), timeout=HEALTH_BOUND).close()
         return True
     except OSError:
         return False

@@ -14,7 +14,8 @@ import subprocess
 import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "lib"))
-from harness import DB_URL, ROOT, Api, Kore, Provider, Tap, new_key, request  # noqa: E402
+from harness import (DB_URL, HEALTH_BOUND, ROOT, Api, Kore, Provider, Tap, new_key,  # noqa: E402
+                     request)
 
 t = Tap()
 tag = f"{os.getpid()}"
@@ -67,7 +68,7 @@ try:
         api.env["IDEM_DATABASE_URL"] = url(role)
         apis.append(api)
         return Kore.start(api, lambda: request(api.port, "GET", "/healthz",
-                                               timeout=2).status == health)
+                                               timeout=HEALTH_BOUND).status == health)
 
     # Without the grants: not served.
     bare = api_as(APP, "api-roles-bare", 503)

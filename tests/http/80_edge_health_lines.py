@@ -13,7 +13,8 @@ import subprocess
 import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "lib"))
-from harness import ROOT, TMP, Api, Tap, free_port, wait_until  # noqa: E402
+from harness import (JOB_BOUND, REQUEST_BOUND, ROOT, TMP, Api, Tap, free_port,  # noqa: E402
+                     wait_until)
 from edge import Edge, self_signed_pem  # noqa: E402
 
 t = Tap()
@@ -34,7 +35,7 @@ def checks():
 
 
 def ask(method, path):
-    conn = http.client.HTTPConnection("127.0.0.1", edge.port, timeout=60)
+    conn = http.client.HTTPConnection("127.0.0.1", edge.port, timeout=REQUEST_BOUND)
     try:
         conn.request(method, path)
         r = conn.getresponse()
@@ -45,8 +46,8 @@ def ask(method, path):
 
 
 # The edge's checks come a second apart: three of them, whatever the
-# machine's speed (a bound on a hang, far above the 3 s they take).
-wait_until(lambda: len(checks()) >= 3, "three of the edge's health checks", timeout=60)
+# machine's speed (JOB_BOUND: a bound on a hang, far above the 3 s they take).
+wait_until(lambda: len(checks()) >= 3, "three of the edge's health checks", timeout=JOB_BOUND)
 line = checks()[0]
 t.ok("method=GET" in line and "status=200" in line and "outcome=ok" in line and
      line.endswith("request_id=-"),

@@ -28,7 +28,8 @@ import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "lib"))
 import harness  # noqa: E402
-from harness import ROOT, Api, Kore, Tap, free_port, request, wait_until  # noqa: E402
+from harness import (COMMAND_BOUND, EXIT_BOUND, HEALTH_BOUND, ROOT, Api, Kore, Tap,  # noqa: E402
+                     free_port, request, wait_until)
 
 t = Tap()
 SLOTS = 11
@@ -41,7 +42,7 @@ ROLE_LIMIT = ("the database is out of connection slots (the role's or the databa
 def lib(script, *args):
     # A bound on a hang (initdb on a loaded machine), not a verdict.
     return subprocess.run(["bash", "-c", f'. "{ROOT}/scripts/lib.sh"; {script}', "lib"] +
-                          list(args), capture_output=True, text=True, timeout=300)
+                          list(args), capture_output=True, text=True, timeout=COMMAND_BOUND)
 
 
 pgdir = os.path.join(harness.TMP, f"pgfull-{os.getpid()}")
@@ -56,20 +57,20 @@ if made.returncode != 0:
     t.done()
 url = made.stdout.strip().splitlines()[-1]           # idem: the superuser
 migrated = subprocess.run([os.path.join(ROOT, "scripts", "migrate"), url], capture_output=True,
-                          text=True, timeout=300)
+                          text=True, timeout=COMMAND_BOUND)
 t.ok(migrated.returncode == 0, "its schema migrated", migrated.stderr)
 # The instances' role: no superuser, the owner's rights by membership.
 subprocess.run(["psql", url, "-Xq", "-v", "ON_ERROR_STOP=1", "-c",
                 "create role app login; grant idem to app; "
                 "create role limited login connection limit 0"],
-               check=True, capture_output=True, timeout=60)
+               check=True, capture_output=True, timeout=COMMAND_BOUND)
 app_url = url.replace("user=idem", "user=app")
 
 
 def probe(conninfo):
     """A connection's refusal, or "" when one is made."""
     r = subprocess.run(["psql", conninfo, "-XAtq", "-c", "select 1"], capture_output=True,
-                       text=True, timeout=60)
+                       text=True, timeout=COMMAND_BOUND)
     return "" if r.returncode == 0 else r.stderr
 
 
@@ -80,7 +81,7 @@ def end_holders():
     for p in holders:
         if p.poll() is None:
             p.kill()
-            p.wait(10)
+            p.wait(EXIT_BOUND)
 
 
 def hold(conninfo):
@@ -97,7 +98,7 @@ def hold(conninfo):
 def instance(name, conninfo):
     api = Api(name=name, conf_extra=["workers 1", "pgsql_conn_max 1"])
     api.env["IDEM_DATABASE_URL"] = conninfo + f" application_name={name}"
-    Kore.start(api, lambda: request(api.port, "GET", "/healthz", timeout=2).status in (200, 503))
+    Kore.start(api, lambda: request(api.port, "GET", "/healthz", timeout=HEALTH_BOUND).status in (200, 503))
     return api
 
 
@@ -107,7 +108,7 @@ def health_says(api, detail):
     last = {}
 
     def named():
-        last["r"] = request(api.port, "GET", "/healthz", timeout=5)
+        last["r"] = request(api.port, "GET", "/healthz", timeout=HEALTH_BOUND)
         return last["r"].status == 503 and last["r"].json().get("detail") == detail
     try:
         wait_until(named, f"/healthz to say {detail!r}")
@@ -151,7 +152,7 @@ t.ok(logged(api, "too many clients already"), "its log: the server's own words",
      api.read_log()[-2000:])
 
 end_holders()
-wait_until(lambda: request(api.port, "GET", "/healthz", timeout=5).status == 200,
+wait_until(lambda: request(api.port, "GET", "/healthz", timeout=HEALTH_BOUND).status == 200,
            "/healthz to answer 200 once slots are free")
 t.ok(True, "slots free again: the instance connects on its own, /healthz 200, no restart")
 api.stop()

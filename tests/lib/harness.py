@@ -58,6 +58,10 @@ REQUEST_BOUND = 60
 # (200 or 503) within a second whatever the database does
 # (docs/operations.md): a stated bound, kept with a margin.
 HEALTH_BOUND = 5
+# COMMAND_BOUND: one command a test runs and waits for (make, psql, a
+# client script): seconds; a test whose command builds or starts a cluster
+# names a bound of its own.
+COMMAND_BOUND = 300
 # EXIT_BOUND: a process told to stop (SIGTERM, SIGKILL, its parent gone,
 # its stdin closed) to exit.
 EXIT_BOUND = 15
