@@ -510,7 +510,12 @@ class DbProxy:
     `delay` and passes it on: a test sees that a given request is on the
     wire, whole, by its bytes (requested()), whatever else its API sends
     through the proxy (a recovery job's call), and may kill the API then
-    knowing that the server will get all of it."""
+    knowing that the server will get all of it.
+
+    While `hold_answers` is set, what the server sends back is kept from
+    the client, and passed on once it is cleared (to a client still
+    there): a provider has acted and answered, and its client has not
+    heard, for as long as the test needs, whatever the machine's speed."""
 
     def __init__(self, delay=0.0, target=None, unix=None, host="127.0.0.1",
                  port=None, http=False):
@@ -532,6 +537,7 @@ class DbProxy:
         self.port = self.sock.getsockname()[1]
         self.accepted = 0
         self.hold = False
+        self.hold_answers = False
         self.lock = threading.Lock()
         self.held = []
         self.open = []
@@ -612,16 +618,17 @@ class DbProxy:
                 server.sendall(first)
             except OSError:
                 pass
-        for a, b in ((client, server), (server, client)):
-            threading.Thread(target=self._pump, args=(a, b), daemon=True).start()
+        for a, b, answers in ((client, server, False), (server, client, True)):
+            threading.Thread(target=self._pump, args=(a, b, answers), daemon=True).start()
 
-    @staticmethod
-    def _pump(src, dst):
+    def _pump(self, src, dst, answers=False):
         try:
             while True:
                 data = src.recv(65536)
                 if not data:
                     break
+                while answers and self.hold_answers:
+                    time.sleep(0.01)
                 dst.sendall(data)
         except OSError:
             pass
