@@ -14,12 +14,17 @@ import threading
 import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "lib"))
-from harness import (Api, Background, Provider, Tap, charges_to, key_row,  # noqa: E402
-                     new_key, quote, request, sql, sql_value, wait_until)
+from harness import (ANSWER_BOUND, HEALTH_BOUND, JOB_BOUND, Api, Background,  # noqa: E402
+                     Provider, PsqlSession, Tap, charges_to, key_row, new_key, quote, request,
+                     sql, sql_value, wait_until)
 
 t = Tap()
+# The lease is far above what a payment held in flight takes here (a
+# payment is held at its completion while a reload happens): no retry or
+# recovery job takes it over meanwhile, however slow the machine.
+LEASE = 30
 provider = Provider(name="provider-reload", IDEM_PROVIDER_LATENCY_MS=1500).start()
-env = {"IDEM_PROVIDER_URL": provider.url, "IDEM_LEASE_SECONDS": 6,
+env = {"IDEM_PROVIDER_URL": provider.url, "IDEM_LEASE_SECONDS": LEASE,
        "IDEM_PROVIDER_TIMEOUT_MS": 4000, "IDEM_RECOVERY_AFTER_SECONDS": 1,
        "IDEM_RECOVERY_INTERVAL_SECONDS": 1, "IDEM_CLEANUP_INTERVAL_SECONDS": 1,
        "IDEM_RETENTION_SECONDS": 3600}
@@ -39,12 +44,31 @@ def created_orders():
 
 
 def reloads(k):
-    return k.read_log().count("reloaded '")
+    """How many times its workers reloaded (the parent reloads too, and
+    logs it the same way: not counted)."""
+    return sum(1 for line in k.read_log().splitlines()
+               if line.startswith("[wrk ") and "reloaded '" in line)
+
+
+def blocked_completions():
+    """Payments charged and waiting to be completed: their completion waits
+    on a lock of the payments table a psql session holds (hold())."""
+    return int(sql_value("select count(*) from pg_stat_activity where wait_event = "
+                         "'relation' and query like '%lease_complete(%'"))
+
+
+def hold():
+    """Holds every payment's completion (its writes to the payments table)
+    until the session commits: a payment in flight, as long as the test
+    needs, whatever the machine's speed."""
+    s = PsqlSession()
+    s.run("begin; lock table payments in share mode;")
+    return s
 
 
 def order(key, customer="c-reload"):
     return api.post("/v1/orders", {"customer_id": customer, "amount": 1000,
-                                   "currency": "RUB"}, key=key, timeout=30)
+                                   "currency": "RUB"}, key=key, timeout=ANSWER_BOUND)
 
 
 def old_finished_key():
@@ -96,34 +120,42 @@ def load(n):
 threads = [threading.Thread(target=load, args=(i,), daemon=True) for i in range(4)]
 for th in threads:
     th.start()
-time.sleep(1)
+wait_until(lambda: len(answers) >= 20, "orders under load before the reload")
 pay_key, pay_rcpt = new_key("inflight"), new_key("acc")
+held = hold()
 inflight = Background(api.post, "/v1/payments",
                       {"amount": 500, "currency": "RUB", "recipient": pay_rcpt}, key=pay_key)
-wait_until(lambda: charges_to(pay_rcpt) == 1, "the provider to start the charge")
+wait_until(lambda: blocked_completions() == 1, "the payment to be charged and held")
+n = reloads(api)
 os.kill(api.proc.pid, signal.SIGHUP)
 # The worker holding the payment drains; the other reloads at once and
-# takes every new connection meanwhile (once the signal has reached them).
-time.sleep(0.3)
+# takes every new connection meanwhile.
+wait_until(lambda: reloads(api) >= n + 1, "the other worker to reload")
 waited = []
 for _ in range(6):
     started = time.monotonic()
-    status = request(api.port, "GET", "/healthz", timeout=10).status
+    status = request(api.port, "GET", "/healthz", timeout=HEALTH_BOUND).status
     waited.append((status, round(time.monotonic() - started, 2)))
 waited_ok = all(s == 200 and w < 1.0 for s, w in waited)
-wait_until(lambda: reloads(api) >= 2, "both workers to reload", timeout=30)
-time.sleep(1)
+drained_before = reloads(api) == n + 1
+held.run("commit;")
+held.close()
+wait_until(lambda: reloads(api) >= n + 2, "both workers to reload")
+during = len(answers)
+wait_until(lambda: len(answers) >= during + 20, "orders under load after the reload")
 stop.set()
 for th in threads:
-    th.join(30)
+    th.join(ANSWER_BOUND)
 
-paid = inflight.wait(30)
+paid = inflight.wait(ANSWER_BOUND)
+t.ok(drained_before, "the worker with the payment in flight did not reload before it "
+     "was completed")
 t.ok(waited_ok, "while one worker drained, new connections were served at once by the "
      "other", waited)
 t.eq(paid.status, 201, "the payment in flight during the reload is created")
 t.eq(charges_to(pay_rcpt), 1, "with exactly one charge")
 t.eq(errors, [], "no request under load lost its connection")
-t.ok(len(answers) > 20 and all(s == 201 for s, _ in answers),
+t.ok(len(answers) >= 40 and all(s == 201 for s, _ in answers),
      f"every order under load was answered 201 ({len(answers)} answers)",
      [a for a in answers if a[0] != 201][:5])
 t.eq(sorted(api.workers()), workers, "the same two workers run: none died")
@@ -145,14 +177,17 @@ r = api.post("/v1/payments", {"amount": 100, "currency": "RUB", "recipient": "ac
 t.eq((r.status, r.json()["status"]), (201, "succeeded"),
      "a payment after the reload reaches the provider")
 dup_key = new_key("dup")
+held = hold()
 slow = Background(api.post, "/v1/payments",
                   {"amount": 100, "currency": "RUB", "recipient": "acc-r3"}, key=dup_key)
 wait_until(lambda: key_row(dup_key) is not None, "the first attempt to reserve")
 dup = api.post("/v1/payments", {"amount": 100, "currency": "RUB", "recipient": "acc-r3"},
                key=dup_key)
-t.ok(dup.status == 409 and 1 <= int(dup.headers.get("retry-after", "0")) <= 6,
+held.run("commit;")
+held.close()
+t.ok(dup.status == 409 and 1 <= int(dup.headers.get("retry-after", "0")) <= LEASE,
      "a duplicate gets 409 with a Retry-After within the lease setting", dup.headers)
-t.eq(slow.wait(30).status, 201, "and the first attempt completes")
+t.eq(slow.wait(ANSWER_BOUND).status, 201, "and the first attempt completes")
 r = api.get("/v1/bonuses/c-reload")
 t.ok(r.status == 200 and r.json()["balance"] > 0, "GET /v1/bonuses/{id} answers", r)
 r = api.post("/v1/bonuses", {"customer_id": "c-reload", "points": -1, "reason": "x"},
@@ -190,11 +225,13 @@ t.eq(counts, {PUBLIC + "not-found", 200},
      "every worker, the new one too, has the settings and the metrics")
 t.ok(created_orders() >= after, "the counters survived the new worker")
 old = old_finished_key()
-wait_until(lambda: key_row(old) is None, "the jobs to run in the new worker 1", timeout=30)
+wait_until(lambda: key_row(old) is None, "the jobs to run in the new worker 1",
+           timeout=JOB_BOUND)
 t.ok(key_row(old) is None, "the jobs run after the worker was replaced")
 
 # A recovery round over many abandoned payments ends between two of them
 # for a reload, rather than after all (each takes the provider 1.5 s).
+held = hold()
 batch = [(abandoned_payment(r), r) for r in (new_key("acc") for _ in range(4))]
 keys_sql = ", ".join(quote(k) for k, _ in batch)
 
@@ -204,16 +241,23 @@ def recovered_count():
                          f" and idem_key in ({keys_sql})"))
 
 
-wait_until(lambda: int(sql_value("select count(*) from idempotency_keys where lease_id = 2"
-                                 f" and idem_key in ({keys_sql})")) >= 1,
-           "the recovery job to take the first over")
+# The job charges the first and waits to complete it (held); the reload
+# comes then. The first is let go and the lock taken again at once: the
+# session's lock waits behind the first's completion, and holds the next
+# payment's, which comes after the provider's 1.5 s.
+wait_until(lambda: blocked_completions() == 1, "the recovery job to charge the first "
+           "and wait to complete it", timeout=JOB_BOUND)
 n = reloads(api)
 os.kill(api.proc.pid, signal.SIGHUP)
-wait_until(lambda: reloads(api) >= n + 2, "both workers to reload", timeout=30)
-t.ok(recovered_count() <= 2,
-     "a reload waits for the payment the recovery job works on, not for all of them",
-     recovered_count())
-wait_until(lambda: recovered_count() == 4, "the new code to recover the rest", timeout=60)
+wait_until(lambda: reloads(api) >= n + 1, "the idle worker to reload")
+held.run("commit; begin; lock table payments in share mode;")
+wait_until(lambda: reloads(api) >= n + 2, "both workers to reload")
+t.eq(recovered_count(), 1,
+     "a reload waits for the payment the recovery job works on, not for all of them")
+held.run("commit;")
+held.close()
+wait_until(lambda: recovered_count() == 4, "the new code to recover the rest",
+           timeout=JOB_BOUND)
 t.eq([charges_to(r) for _, r in batch], [1, 1, 1, 1], "each once at the provider")
 
 # The fake provider reloads too.
