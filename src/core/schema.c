@@ -17,7 +17,10 @@
 
 #include <sys/wait.h>
 
+#include <errno.h>
+#include <poll.h>
 #include <stdio.h>
+#include <time.h>
 #include <string.h>
 #include <unistd.h>
 
@@ -30,6 +33,13 @@
 /* A bound on the start's one query, far above its need. */
 #define SCHEMA_CONNECT_TIMEOUT	"3"
 #define SCHEMA_STATEMENT_OPTION	"-c statement_timeout=3000"
+
+/*
+ * The server's statement_timeout ends a slow query, not a silent network:
+ * an answer that never comes (a host that lost power after the query was
+ * sent) is waited on at most this long, and the check's process ends.
+ */
+#define SCHEMA_ANSWER_BOUND	10
 
 /*
  * Every answer carries the release, Kore's own bare ones (400, 408, 413,
@@ -51,7 +61,8 @@ schema_version_header(void)
 	http_server_version(line);
 }
 
-static void	schema_check(void);
+static void		 schema_check(void);
+static PGresult		*schema_answer(PGconn *, int *);
 
 /*
  * The check runs in a process of its own (forked twice, so that Kore's
@@ -95,6 +106,7 @@ schema_check(void)
 	PQconninfoOption	*opts, *o;
 	struct kore_buf		options;
 	const char		*keys[4], *values[4], *params[1], *state;
+	int			 late;
 
 	/*
 	 * The URL's own options (a search_path, say) kept, the statement's
@@ -131,8 +143,26 @@ schema_check(void)
 	}
 
 	params[0] = schema_expected;
-	res = PQexecParams(conn, SCHEMA_START_SQL, 1, NULL, params, NULL,
-	    NULL, 0);
+	if (!PQsendQueryParams(conn, SCHEMA_START_SQL, 1, NULL, params, NULL,
+	    NULL, 0)) {
+		kore_log(LOG_NOTICE, "schema not checked at start: %s",
+		    PQerrorMessage(conn));
+		PQfinish(conn);
+		return;
+	}
+
+	if ((res = schema_answer(conn, &late)) == NULL) {
+		if (late) {
+			kore_log(LOG_NOTICE, "schema not checked at start: the "
+			    "database did not answer within %d s (/healthz will "
+			    "say why)", SCHEMA_ANSWER_BOUND);
+		} else {
+			kore_log(LOG_NOTICE, "schema not checked at start: %s",
+			    PQerrorMessage(conn));
+		}
+		PQfinish(conn);
+		return;
+	}
 
 	state = PQresultErrorField(res, PG_DIAG_SQLSTATE);
 	if (PQresultStatus(res) != PGRES_TUPLES_OK && state != NULL &&
@@ -160,4 +190,46 @@ schema_check(void)
 
 	PQclear(res);
 	PQfinish(conn);
+}
+
+/*
+ * The query's first result, waited on at most SCHEMA_ANSWER_BOUND seconds
+ * from now; NULL with *late set when the bound passed first, NULL alone
+ * when the connection failed. What follows it is left to PQfinish().
+ */
+static PGresult *
+schema_answer(PGconn *conn, int *late)
+{
+	struct pollfd		pfd;
+	struct timespec		now, end;
+	long			ms;
+
+	*late = 0;
+	(void)clock_gettime(CLOCK_MONOTONIC, &end);
+	end.tv_sec += SCHEMA_ANSWER_BOUND;
+
+	pfd.fd = PQsocket(conn);
+	pfd.events = POLLIN;
+
+	while (PQisBusy(conn)) {
+		(void)clock_gettime(CLOCK_MONOTONIC, &now);
+		ms = (end.tv_sec - now.tv_sec) * 1000 +
+		    (end.tv_nsec - now.tv_nsec) / 1000000;
+		if (ms <= 0) {
+			*late = 1;
+			return (NULL);
+		}
+		switch (poll(&pfd, 1, (int)ms)) {
+		case -1:
+			if (errno == EINTR)
+				continue;
+			return (NULL);
+		case 0:
+			continue;
+		}
+		if (!PQconsumeInput(conn))
+			return (NULL);
+	}
+
+	return (PQgetResult(conn));
 }

@@ -22,6 +22,7 @@ refusal."""
 
 import ctypes
 import os
+import re
 import subprocess
 import sys
 
@@ -99,6 +100,13 @@ def order(api, timeout=ANSWER_BOUND):
                     key=new_key("fo"), timeout=timeout)
 
 
+def checked(api):
+    """The start's schema check has ended (it logged what it found): a
+    host silenced before then would leave it waiting up to its own bound
+    (82_schema_check_silent.py)."""
+    return re.search(r"\]: schema (current|ahead|behind|not)", api.read_log())
+
+
 def up(api):
     try:
         return request(api.port, "GET", "/healthz", timeout=HEALTH_BOUND).status == 200
@@ -118,6 +126,7 @@ try:
     api.start()
     # The pools, and the parent's one check of the schema at start.
     wait_until(lambda: a.accepted >= POOLS + 1, "every connection made at the first host")
+    wait_until(lambda: checked(api), "the start's schema check to end")
     t.eq((a.accepted, b.accepted), (POOLS + 1, 0),
          "every connection is made at the first host while it answers")
     t.eq(order(api).status, 201, "an order is made")
@@ -169,6 +178,7 @@ try:
     api.start()
     wait_until(lambda: host2.proxy.accepted >= POOLS + 1,
                "every connection made at another first host")
+    wait_until(lambda: checked(api), "the start's schema check to end")
     made = b.accepted
     host2.silence()
     wait_until(lambda: b.accepted - made >= POOLS,
