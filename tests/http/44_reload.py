@@ -50,6 +50,12 @@ def reloads(k):
                if line.startswith("[wrk ") and "reloaded '" in line)
 
 
+def draining(k):
+    """How many times a worker began to drain for a reload (from then on
+    it accepts no new connection)."""
+    return k.read_log().count("reload waits for ")
+
+
 def blocked_completions():
     """Payments charged and waiting to be completed: their completion waits
     on a lock of the payments table a psql session holds (hold())."""
@@ -127,10 +133,16 @@ inflight = Background(api.post, "/v1/payments",
                       {"amount": 500, "currency": "RUB", "recipient": pay_rcpt}, key=pay_key)
 wait_until(lambda: blocked_completions() == 1, "the payment to be charged and held")
 n = reloads(api)
+drains = draining(api)
 os.kill(api.proc.pid, signal.SIGHUP)
 # The worker holding the payment drains; the other reloads at once and
-# takes every new connection meanwhile.
+# takes every new connection meanwhile. A connection the draining worker
+# accepted before it saw the SIGHUP waits for its drain, as it may: the
+# worker has said it drains (and stopped accepting) before /healthz is
+# asked (a loaded plain run once asked between the other's reload and
+# that line, and /healthz waited out the held payment).
 wait_until(lambda: reloads(api) >= n + 1, "the other worker to reload")
+wait_until(lambda: draining(api) >= drains + 1, "the worker with the payment to drain")
 waited = []
 for _ in range(6):
     started = time.monotonic()
