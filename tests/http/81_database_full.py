@@ -136,7 +136,15 @@ r = health_says(api, FULL)
 t.ok(r.status == 503 and r.json()["type"].endswith("/database-unavailable") and
      r.headers.get("retry-after") == "1" and r.json().get("detail") == FULL,
      f"/healthz: 503 database-unavailable, \"{FULL}\", Retry-After: 1", r)
-t.ok(logged(api, "remaining connection slots are reserved"),
+# The server's words for the last free slot depend on who asks with whom:
+# an attempt alone is told the remaining slots are reserved (as the probe
+# above was), but PostgreSQL takes a process slot before it checks the
+# reservation, and the instance's pools connect together: while one holds
+# the last free slot (until its backend has exited), the others are told
+# "sorry, too many clients already". A loaded run saw only those. Both
+# are this cause, and the log says so with the server's words.
+t.ok(logged(api, "remaining connection slots are reserved") or
+     logged(api, "too many clients already"),
      "its log: the cause, and the server's own words", api.read_log()[-2000:])
 api.stop()
 
