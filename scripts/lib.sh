@@ -72,6 +72,17 @@ cluster_start() {
 
 	if [ ! -f "$dir/PG_VERSION" ]; then
 		mkdir -p "$dir"
+		# As root, postgres must reach the folder: not so in a clone
+		# under /root (mode 700 on Debian), whose initdb fails.
+		if [ "$(id -u)" -eq 0 ] &&
+		    ! runuser -u postgres -- test -x "$(dirname "$dir")"; then
+			echo "$dir: the postgres user cannot reach" \
+			    "$(dirname "$dir") (PostgreSQL runs as postgres" \
+			    "when you are root): clone where postgres can" \
+			    "enter every folder (not under /root), or run as" \
+			    "another user" >&2
+			return 1
+		fi
 		chmod 700 "$dir"
 		[ "$(id -u)" -ne 0 ] || chown postgres:postgres "$dir"
 		as_postgres "$bin/initdb" -D "$dir" -U idem --auth=trust \

@@ -2,8 +2,10 @@
 naming a file that does not exist is refused at once, naming it, before
 anything is built or migrated; a test cluster left on IDEM_TEST_PGPORT
 (by a run killed before its cleanup) is named, its directory and its
-pid, as is a port another program holds; and a run whose reader goes away
-(make test | head) still stops its cluster and deletes its folder."""
+pid, as is a port another program holds; a run whose reader goes away
+(make test | head) still stops its cluster and deletes its folder; and
+make test-loaded exits 143 after a SIGTERM, its hog stopped. As root, a
+cluster's folder the postgres user cannot enter is said at once."""
 
 import glob
 import os
@@ -14,7 +16,7 @@ import sys
 import tempfile
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "lib"))
-from harness import (HEALTH_BOUND, ROOT, TMP, Tap, free_port)  # noqa: E402
+from harness import (HEALTH_BOUND, ROOT, TMP, Tap, alive, free_port, wait_until)  # noqa: E402
 
 t = Tap()
 TEST = os.path.join(ROOT, "scripts", "test")
@@ -131,5 +133,59 @@ finally:
         # What scripts/test left before it cleaned up after SIGPIPE.
         os.kill(pid, signal.SIGQUIT)
         subprocess.run(["rm", "-rf", os.path.dirname(directory)])
+
+# --- a checkout postgres cannot enter ------------------------------------------------
+# As root, PostgreSQL runs as postgres: a clone under /root (mode 700)
+# is said at once, not left to initdb's "Permission denied".
+if os.geteuid() == 0:
+    closed = tempfile.mkdtemp(prefix="closed-", dir=TMP)     # mode 700, root's
+    r = subprocess.run(["bash", "-c", f'. "{LIB}"; cluster_start "$1" "$2"', "lib",
+                        os.path.join(closed, ".pgdata"), str(free_port())],
+                       capture_output=True, text=True, timeout=RUN_BOUND)
+    t.ok(r.returncode != 0 and f"the postgres user cannot reach {closed}" in r.stderr and
+         "not under /root" in r.stderr and "initdb" not in r.stderr,
+         "a cluster's folder postgres cannot enter is named, with what to do", r.stderr)
+    subprocess.run(["rm", "-rf", closed])
+else:
+    t.ok(True, "# SKIP as root only")
+
+# --- make test-loaded and SIGTERM ---------------------------------------------------
+# A SIGTERM to scripts/test-loaded alone is acted on when its tests end:
+# it exits 143 (128 + 15, as make test does) and stops its hog. Here the
+# hog is a stand-in that sleeps, and the tests end at a failed build, a
+# stand-in kodev that waits until the signal has been sent.
+loaded = os.path.join(TMP, "make-test-loaded")
+os.makedirs(loaded, exist_ok=True)
+for name in ("started", "go", "hog"):
+    if os.path.exists(os.path.join(loaded, name)):
+        os.unlink(os.path.join(loaded, name))
+with open(os.path.join(loaded, "kodev"), "w") as f:
+    # Its wait bounded (6000 x 0.05 s) should this test die first.
+    f.write(f'#!/bin/sh\ntouch "{loaded}/started"\ni=0\n'
+            f'while [ ! -e "{loaded}/go" ] && [ $i -lt 6000 ]; do sleep 0.05; i=$((i+1)); done\n'
+            'exit 1\n')
+with open(os.path.join(loaded, "stress-ng"), "w") as f:
+    f.write(f'#!/bin/sh\necho $$ > "{loaded}/hog"\nexec sleep 600\n')
+for prog in ("kodev", "stress-ng"):
+    os.chmod(os.path.join(loaded, prog), 0o755)
+run = subprocess.Popen([os.path.join(ROOT, "scripts", "test-loaded")], cwd=ROOT,
+                       env=dict(os.environ, IDEM_TEST_PGPORT=str(free_port()),
+                                IDEM_TESTS=SOME_TEST, IDEM_TEST_FLAVOR="dev",
+                                PATH=loaded + os.pathsep + os.environ["PATH"]),
+                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+try:
+    wait_until(lambda: os.path.exists(os.path.join(loaded, "started")) and
+               os.path.exists(os.path.join(loaded, "hog")),
+               "the loaded run's build to start, its hog running", timeout=RUN_BOUND)
+    hog = int(open(os.path.join(loaded, "hog")).read())
+    run.send_signal(signal.SIGTERM)
+    open(os.path.join(loaded, "go"), "w").close()
+    out, _ = run.communicate(timeout=RUN_BOUND)
+    t.ok(run.returncode == 143, f"make test-loaded after SIGTERM: exit 143 ({run.returncode})", out)
+    t.ok(not alive(hog), "and its hog stopped", out)
+finally:
+    if run.poll() is None:
+        run.kill()
+        run.wait()
 
 t.done()
