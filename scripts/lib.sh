@@ -74,8 +74,9 @@ cluster_start() {
 		mkdir -p "$dir"
 		# As root, postgres must reach the folder: not so in a clone
 		# under /root (mode 700 on Debian), whose initdb fails.
-		if [ "$(id -u)" -eq 0 ] &&
+		if [ "$(id -u)" -eq 0 ] && id postgres >/dev/null 2>&1 &&
 		    ! runuser -u postgres -- test -x "$(dirname "$dir")"; then
+			rmdir "$dir" 2>/dev/null || true
 			echo "$dir: the postgres user cannot reach" \
 			    "$(dirname "$dir") (PostgreSQL runs as postgres" \
 			    "when you are root): clone where postgres can" \

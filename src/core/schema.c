@@ -20,8 +20,8 @@
 #include <errno.h>
 #include <poll.h>
 #include <stdio.h>
-#include <time.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "release.h"
@@ -152,11 +152,11 @@ schema_check(void)
 	}
 
 	if ((res = schema_answer(conn, &late)) == NULL) {
-		if (late) {
+		if (late == 1) {
 			kore_log(LOG_NOTICE, "schema not checked at start: the "
 			    "database did not answer within %d s (/healthz will "
 			    "say why)", SCHEMA_ANSWER_BOUND);
-		} else {
+		} else if (late == 0) {
 			kore_log(LOG_NOTICE, "schema not checked at start: %s",
 			    PQerrorMessage(conn));
 		}
@@ -194,8 +194,9 @@ schema_check(void)
 
 /*
  * The query's first result, waited on at most SCHEMA_ANSWER_BOUND seconds
- * from now; NULL with *late set when the bound passed first, NULL alone
- * when the connection failed. What follows it is left to PQfinish().
+ * from now; NULL with *late 1 when the bound passed first, -1 when poll()
+ * failed (said here), 0 when the connection failed (PQerrorMessage()).
+ * What follows it is left to PQfinish().
  */
 static PGresult *
 schema_answer(PGconn *conn, int *late)
@@ -223,6 +224,9 @@ schema_answer(PGconn *conn, int *late)
 		case -1:
 			if (errno == EINTR)
 				continue;
+			kore_log(LOG_NOTICE, "schema not checked at start: "
+			    "poll: %s", errno_s);
+			*late = -1;
 			return (NULL);
 		case 0:
 			continue;

@@ -50,10 +50,12 @@ def reloads(k):
                if line.startswith("[wrk ") and "reloaded '" in line)
 
 
-def draining(k):
-    """How many times a worker began to drain for a reload (from then on
-    it accepts no new connection)."""
-    return k.read_log().count("reload waits for ")
+def handled_sighup(k, mark):
+    """The workers that, after the log's first mark characters, began to
+    drain for a reload (from then on they accept no new connection) or
+    reloaded."""
+    return {int(m.group(1)) for m in re.finditer(
+        r"(?m)^\[wrk (\d+)\]: (?:reload waits for |reloaded ')", k.read_log()[mark:])}
 
 
 def blocked_completions():
@@ -133,16 +135,21 @@ inflight = Background(api.post, "/v1/payments",
                       {"amount": 500, "currency": "RUB", "recipient": pay_rcpt}, key=pay_key)
 wait_until(lambda: blocked_completions() == 1, "the payment to be charged and held")
 n = reloads(api)
-drains = draining(api)
+mark = len(api.read_log())
 os.kill(api.proc.pid, signal.SIGHUP)
 # The worker holding the payment drains; the other reloads at once and
 # takes every new connection meanwhile. A connection the draining worker
-# accepted before it saw the SIGHUP waits for its drain, as it may: the
-# worker has said it drains (and stopped accepting) before /healthz is
-# asked (a loaded plain run once asked between the other's reload and
-# that line, and /healthz waited out the held payment).
+# accepted before it saw the SIGHUP waits for its drain, as it may: every
+# worker has handled the SIGHUP (said it drains, and from then on accepts
+# nothing, or reloaded) before /healthz is asked (a loaded plain run once
+# asked between the other's reload and the draining one's line, and
+# /healthz waited out the held payment). The other worker may drain too,
+# for a moment, for an order of the load: its line is not the one that
+# matters, so each worker is waited on by its id.
 wait_until(lambda: reloads(api) >= n + 1, "the other worker to reload")
-wait_until(lambda: draining(api) >= drains + 1, "the worker with the payment to drain")
+wait_until(lambda: handled_sighup(api, mark) == {1, 2},
+           "both workers to handle the SIGHUP (the one with the payment to drain)",
+           show=lambda: handled_sighup(api, mark))
 waited = []
 for _ in range(6):
     started = time.monotonic()

@@ -401,7 +401,12 @@ answers = [post(edge.port, "/v1/orders", {"customer_id": "c-deploy", "amount": 3
                                           "currency": "RUB"}, key=k, token=token).status
            for k in keys]
 t.eq(answers, [201] * 8, "eight orders through the edge, with the new client's token")
-served = [i.access("/v1/orders", 201) - b for i, b in zip(instances, before)]
+# An access line is written once the answer is sent: the last one may
+# come after its client has read the answer.
+served = wait_until(lambda: (lambda s: s if sum(s) == 8 else None)(
+    [i.access("/v1/orders", 201) - b for i, b in zip(instances, before)]),
+    "both instances' access lines for the eight orders",
+    show=lambda: [i.access("/v1/orders", 201) - b for i, b in zip(instances, before)])
 t.ok(sum(served) == 8 and all(s > 0 for s in served), "both instances served them "
      "(round robin)", served)
 t.eq(int(sql_value("select count(*) from orders where idem_key in (" +

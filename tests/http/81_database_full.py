@@ -12,7 +12,8 @@ worker, 1 request connection).
 - psql sessions of that role hold the 10 other slots: an instance started
   then answers /healthz 503 database-unavailable "the database is out of
   connection slots (max_connections)", and logs the server's words
-  ("remaining connection slots are reserved ...");
+  ("remaining connection slots are reserved ...", or "sorry, too many
+  clients already" when its pools' attempts overlap: below);
 - a superuser's session takes the last slot: an instance started then
   says the same, and logs "sorry, too many clients already";
 - once the sessions end, it connects on its own and answers 200;

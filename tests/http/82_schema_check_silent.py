@@ -16,6 +16,7 @@ up within its 10 s, says so in the log, and closes its connection; the
 instance serves meanwhile."""
 
 import os
+import socket
 import sys
 import threading
 
@@ -57,7 +58,7 @@ class SilentAfterCheck(DbProxy):
             self.check_closed.set()
         for s in (src, dst):
             try:
-                s.shutdown(2)
+                s.shutdown(socket.SHUT_RDWR)
             except OSError:
                 pass
 
