@@ -23,11 +23,16 @@ t = Tap()
 # payment is held at its completion while a reload happens): no retry or
 # recovery job takes it over meanwhile, however slow the machine.
 LEASE = 30
+# The service's statements end after IDEM_DB_TIMEOUT_MS (5 s by default),
+# a held completion too: held by a lock for as long as the test's steps
+# take, it must outlast them however slow the machine (a plain run beside
+# a loaded one saw the held payment canceled at 5 s). A bound on a hang.
+HOLD_BOUND = 60
 provider = Provider(name="provider-reload", IDEM_PROVIDER_LATENCY_MS=1500).start()
 env = {"IDEM_PROVIDER_URL": provider.url, "IDEM_LEASE_SECONDS": LEASE,
        "IDEM_PROVIDER_TIMEOUT_MS": 4000, "IDEM_RECOVERY_AFTER_SECONDS": 1,
        "IDEM_RECOVERY_INTERVAL_SECONDS": 1, "IDEM_CLEANUP_INTERVAL_SECONDS": 1,
-       "IDEM_RETENTION_SECONDS": 3600}
+       "IDEM_RETENTION_SECONDS": 3600, "IDEM_DB_TIMEOUT_MS": HOLD_BOUND * 1000}
 api = Api(name="api-reload", **env).start()
 PUBLIC = f"http://127.0.0.1:{api.port}/problems/"
 
