@@ -72,18 +72,6 @@
 #define DB_PHASE_DONE		4
 #define DB_PHASE_FAILED		5
 
-/* How much later than the server's own timeout the client gives up. */
-#define DB_GRACE_MS		500
-
-/* The timer that runs deadlines and makes connections. */
-#define DB_TICK_MS		50
-
-/*
- * /healthz answers within a second whatever the database does: its bound,
- * the grace, and two steps of the deadline timer.
- */
-#define DB_HEALTH_TIMEOUT_MS	(1000 - DB_GRACE_MS - 2 * DB_TICK_MS)
-
 /* Between two attempts to connect while the database refuses. */
 #define DB_RETRY_MS		250
 

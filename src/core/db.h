@@ -55,6 +55,18 @@
 /* Retry-After of a refusal an operator must fix (database-misconfigured). */
 #define DB_MISCONFIGURED_RETRY	"30"
 
+/* How much later than the server's own timeout the client gives up. */
+#define DB_GRACE_MS		500
+
+/* The timer that runs deadlines and makes connections. */
+#define DB_TICK_MS		50
+
+/*
+ * /healthz answers within a second whatever the database does: its bound,
+ * the grace, and two steps of the deadline timer.
+ */
+#define DB_HEALTH_TIMEOUT_MS	(1000 - DB_GRACE_MS - 2 * DB_TICK_MS)
+
 /* The longest cause db_pool_cause() gives. */
 #define DB_CAUSE_MAX		160
 

@@ -1,9 +1,17 @@
 /*
  * GET /healthz: 200 when the database answers a query and takes writes,
  * 503 when it does not.
+ *
+ * Checks in a worker share queries (single flight): a check that arrives
+ * while another's query waits for the health connection, not yet sent,
+ * rides on it and answers with what it answers. Every answer still comes
+ * from a query sent after its own check arrived, and a burst of checks
+ * costs a worker two queries in a row, not one per check behind its one
+ * connection (each waiting its turn within the bound of a second).
  */
 
 #include <sys/types.h>
+#include <sys/queue.h>
 
 #include <stdio.h>
 #include <string.h>
@@ -29,21 +37,47 @@
 	"{\"status\":\"ok\",\"database\":\"up\",\"version\":\""		\
 	IDEM_RELEASE "\",\"schema\":\""
 
+/* What a check answers: 200 and its schema, or a problem and its detail. */
+struct health_answer {
+	int			status;
+	int			problem;
+	const char		*retry_after;
+	char			text[512];
+};
+
 struct health_check {
 	struct db_call		db;
+	struct http_request	*req;
 	u_int64_t		started;
+
+	/* Its own query is a flight, which those riding it wait on. */
+	int			leads;
+	TAILQ_HEAD(, health_check)	riders;
+
+	/* The flight it rides, until that hands it the answer. */
+	struct health_check	*flight;
+	TAILQ_ENTRY(health_check)	ride;
+
+	int			answered;
+	struct health_answer	answer;
 };
 
 int		healthz(struct http_request *);
 static int	health_query(struct http_request *);
-static void	health_fail(struct http_request *, struct db_call *);
-static void	health_ok(struct http_request *, struct db_call *);
+static void	health_fail(struct health_answer *, struct db_call *);
+static void	health_ok(struct health_answer *, struct db_call *);
+static void	health_respond(struct http_request *, struct health_answer *);
+static void	health_land(struct health_check *);
 static void	health_free(struct http_request *);
+
+/* The worker's newest flight; others may ride it until its query is sent. */
+static struct health_check	*boarding = NULL;
 
 int
 healthz(struct http_request *req)
 {
 	struct health_check	*h;
+	u_int64_t		elapsed;
 
 	if (req->method != HTTP_METHOD_GET) {
 		http_response_header(req, "allow", "GET");
@@ -58,10 +92,50 @@ healthz(struct http_request *req)
 
 	if (!http_state_exists(req)) {
 		h = http_state_create(req, sizeof(*h), health_free);
+		h->req = req;
 		h->started = kore_time_ms();
+		TAILQ_INIT(&h->riders);
 		reload_hold();
+	}
+
+	h = http_state_get(req);
+	if (h->answered) {
+		health_respond(req, &h->answer);
+		return (KORE_RESULT_OK);
+	}
+
+	if (h->flight != NULL) {
+		http_request_sleep(req);
+		return (KORE_RESULT_RETRY);
+	}
+
+	if (!h->leads) {
+		if (boarding != NULL && !boarding->db.sent) {
+			h->flight = boarding;
+			TAILQ_INSERT_TAIL(&boarding->riders, h, ride);
+			http_request_sleep(req);
+			return (KORE_RESULT_RETRY);
+		}
+
+		/*
+		 * Its own flight. A check whose flight ended without an
+		 * answer (that flight's client left) keeps its own bound.
+		 */
+		elapsed = kore_time_ms() - h->started;
+		if (elapsed >= DB_HEALTH_TIMEOUT_MS) {
+			h->answer.status = HTTP_STATUS_SERVICE_UNAVAILABLE;
+			h->answer.problem = PROBLEM_DATABASE_UNAVAILABLE;
+			h->answer.retry_after = "1";
+			(void)snprintf(h->answer.text, sizeof(h->answer.text),
+			    "the database did not answer in time");
+			health_respond(req, &h->answer);
+			return (KORE_RESULT_OK);
+		}
+
+		h->leads = 1;
 		db_call_init_pool(&h->db, req, DB_POOL_HEALTH,
-		    settings.db_timeout_ms);
+		    DB_HEALTH_TIMEOUT_MS - elapsed);
+		boarding = h;
 	}
 
 	return (health_query(req));
@@ -80,17 +154,23 @@ health_query(struct http_request *req)
 	case DB_CALL_DONE:
 		/* Answers, but is not the primary: no write would succeed. */
 		if (h->db.read_only) {
-			http_response_header(req, "retry-after", "1");
-			problem_respond(req, PROBLEM_DATABASE_UNAVAILABLE,
+			h->answer.status = HTTP_STATUS_SERVICE_UNAVAILABLE;
+			h->answer.problem = PROBLEM_DATABASE_UNAVAILABLE;
+			h->answer.retry_after = "1";
+			(void)snprintf(h->answer.text, sizeof(h->answer.text),
 			    "the database is read-only (not the primary)");
 			break;
 		}
-		health_ok(req, &h->db);
+		health_ok(&h->answer, &h->db);
 		break;
 	default:
-		health_fail(req, &h->db);
+		health_fail(&h->answer, &h->db);
 		break;
 	}
+
+	h->answered = 1;
+	health_land(h);
+	health_respond(req, &h->answer);
 
 	return (KORE_RESULT_OK);
 }
@@ -102,36 +182,26 @@ health_query(struct http_request *req)
  * own, the migrations it lacks named: this release calls what they make.
  */
 static void
-health_ok(struct http_request *req, struct db_call *c)
+health_ok(struct health_answer *a, struct db_call *c)
 {
-	struct kore_buf		buf;
-	char			ahead[512];
-
 	if (!db_call_null(c, 1)) {
-		http_response_header(req, "retry-after", DB_MISCONFIGURED_RETRY);
-		problem_respond(req, PROBLEM_DATABASE_MISCONFIGURED,
+		a->status = HTTP_STATUS_SERVICE_UNAVAILABLE;
+		a->problem = PROBLEM_DATABASE_MISCONFIGURED;
+		a->retry_after = DB_MISCONFIGURED_RETRY;
+		(void)snprintf(a->text, sizeof(a->text),
 		    "schema behind: this release (%s) needs migrations the "
 		    "database lacks: %s (make migrate)", IDEM_RELEASE,
 		    db_call_value(c, 1));
 		return;
 	}
 
-	kore_buf_init(&buf, 128);
-	kore_buf_append(&buf, HEALTH_OK, sizeof(HEALTH_OK) - 1);
+	a->status = HTTP_STATUS_OK;
 	if (db_call_null(c, 2)) {
-		kore_buf_appendf(&buf, "current\"}");
+		(void)snprintf(a->text, sizeof(a->text), "current");
 	} else {
-		(void)snprintf(ahead, sizeof(ahead), "ahead: %s",
+		(void)snprintf(a->text, sizeof(a->text), "ahead: %s",
 		    db_call_value(c, 2));
-		/* The opening quote is HEALTH_OK's: the string without its. */
-		buf.offset--;
-		json_append_string(&buf, ahead, strlen(ahead));
-		kore_buf_appendf(&buf, "}");
 	}
-
-	http_response_header(req, "content-type", JSON_CONTENT_TYPE);
-	http_response(req, HTTP_STATUS_OK, buf.data, buf.offset);
-	kore_buf_cleanup(&buf);
 }
 
 /*
@@ -140,27 +210,76 @@ health_ok(struct http_request *req, struct db_call *c)
  * or a database that cannot be reached or did not answer in time.
  */
 static void
-health_fail(struct http_request *req, struct db_call *c)
+health_fail(struct health_answer *a, struct db_call *c)
 {
 	char		why[DB_CAUSE_MAX];
 
+	a->status = HTTP_STATUS_SERVICE_UNAVAILABLE;
 	if (c->error == DB_ERROR_MISCONFIGURED) {
-		http_response_header(req, "retry-after", DB_MISCONFIGURED_RETRY);
-		problem_respond(req, PROBLEM_DATABASE_MISCONFIGURED,
+		a->problem = PROBLEM_DATABASE_MISCONFIGURED;
+		a->retry_after = DB_MISCONFIGURED_RETRY;
+		(void)snprintf(a->text, sizeof(a->text),
 		    "the database refused: %s", db_call_cause(c));
 		return;
 	}
 
-	http_response_header(req, "retry-after", "1");
+	a->problem = PROBLEM_DATABASE_UNAVAILABLE;
+	a->retry_after = "1";
 	if (c->error == DB_ERROR_TIMEOUT) {
-		problem_respond(req, PROBLEM_DATABASE_UNAVAILABLE,
+		(void)snprintf(a->text, sizeof(a->text),
 		    "the database did not answer in time");
 	} else if (db_pool_cause(DB_POOL_HEALTH, why, sizeof(why)) != 0) {
-		problem_respond(req, PROBLEM_DATABASE_UNAVAILABLE,
+		(void)snprintf(a->text, sizeof(a->text),
 		    "the database is %s", why);
 	} else {
-		problem_respond(req, PROBLEM_DATABASE_UNAVAILABLE,
+		(void)snprintf(a->text, sizeof(a->text),
 		    "the database connection was lost");
+	}
+}
+
+static void
+health_respond(struct http_request *req, struct health_answer *a)
+{
+	struct kore_buf		buf;
+
+	if (a->status != HTTP_STATUS_OK) {
+		http_response_header(req, "retry-after", a->retry_after);
+		problem_respond(req, a->problem, "%s", a->text);
+		return;
+	}
+
+	kore_buf_init(&buf, 128);
+	kore_buf_append(&buf, HEALTH_OK, sizeof(HEALTH_OK) - 1);
+	/* The opening quote is HEALTH_OK's: the string without its. */
+	buf.offset--;
+	json_append_string(&buf, a->text, strlen(a->text));
+	kore_buf_appendf(&buf, "}");
+
+	http_response_header(req, "content-type", JSON_CONTENT_TYPE);
+	http_response(req, HTTP_STATUS_OK, buf.data, buf.offset);
+	kore_buf_cleanup(&buf);
+}
+
+/*
+ * The flight is over: those riding it are woken, with its answer when it
+ * has one, without when its client left first (they fly again).
+ */
+static void
+health_land(struct health_check *h)
+{
+	struct health_check	*r;
+
+	if (boarding == h)
+		boarding = NULL;
+
+	while ((r = TAILQ_FIRST(&h->riders)) != NULL) {
+		TAILQ_REMOVE(&h->riders, r, ride);
+		r->flight = NULL;
+		if (h->answered) {
+			r->answer = h->answer;
+			r->answered = 1;
+		}
+		http_request_wakeup(r->req);
 	}
 }
 
@@ -168,6 +287,10 @@ static void
 health_free(struct http_request *req)
 {
 	struct health_check	*h = http_state_get(req);
+
+	if (h->flight != NULL)
+		TAILQ_REMOVE(&h->flight->riders, h, ride);
+	health_land(h);
 
 	access_log(req, NULL, NULL, req->status == HTTP_STATUS_OK ? "ok" :
 	    "db_error", h->started, 0);
