@@ -34,7 +34,7 @@ import uuid
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "lib"))
 import openapi  # noqa: E402
 from harness import (ROOT, Api, Provider, PsqlSession, Tap, key_row, new_key, post,  # noqa: E402
-                     provider_calls, quote, server_end, wait_until)
+                     provider_calls, quote, wait_server_closed, wait_until)
 
 t = Tap()
 HEADER_TIMEOUT = BODY_TIMEOUT = 2
@@ -1105,11 +1105,9 @@ def retry_finishes(k, rcpt, what, cut_after_key):
 def cut(k, data):
     """Sends data and leaves; returns once the server has closed its end
     (the request read as far as it came, and freed)."""
-    with socket.create_connection(("127.0.0.1", api.port)) as s:
-        s.sendall(data)
-        port = s.getsockname()[1]
-    wait_until(lambda: server_end(api.port, port) is None,
-               "the server to close the cut connection")
+    s = socket.create_connection(("127.0.0.1", api.port))
+    s.sendall(data)
+    wait_server_closed(api.port, s, "the server to close the cut connection")
 
 
 for what, part in [("mid-headers", lambda raw: raw[:raw.index(b"Idempotency-Key") + 20]),
@@ -1155,11 +1153,18 @@ retry_finishes(k, rcpt, f"{cat}: while the key is being taken", False)
 
 # While the provider thinks (1.5 s): the key is taken, the charge made.
 # The payment's completion is held (a lock on the payments table it
-# writes) until the key's state is read, whatever the machine's speed.
+# writes) until the key's state is read, whatever the machine's speed: on
+# an instance of its own whose statements wait up to HOLD_BOUND (this
+# one's end at the default 5 s, a held completion too, as the sections
+# around it need), and whose lease and provider bound outlast the steps.
+HOLD_BOUND = 60
+held = Api(name="catalogue-held", IDEM_PROVIDER_URL=provider.url,
+           IDEM_LEASE_SECONDS=2 * HOLD_BOUND, IDEM_PROVIDER_TIMEOUT_MS=HOLD_BOUND * 1000,
+           IDEM_DB_TIMEOUT_MS=HOLD_BOUND * 1000).start()
 k, rcpt = key(), fresh("acc")
 hold = PsqlSession()
 hold.run("begin; lock table payments in share mode;")
-with socket.create_connection(("127.0.0.1", api.port)) as s:
+with socket.create_connection(("127.0.0.1", held.port)) as s:
     s.sendall(payment(k, rcpt))
     wait_until(lambda: provider_calls(f"shop-1:{k}") == 1, "the provider to get the charge")
 row_ = key_row(k)
@@ -1176,12 +1181,13 @@ rows.append(rw)
 # client (src/lease/handoff.c); the retry replays it: one charge.
 wait_until(lambda: key_row(k)["status"] == "done",
            "the worker to finish the payment without its client")
-r = post(api.port, PAY, {"amount": 5000, "currency": "RUB", "recipient": rcpt}, key=k)
+r = post(held.port, PAY, {"amount": 5000, "currency": "RUB", "recipient": rcpt}, key=k)
 made = provider.charges(f"shop-1:{k}")
 t.ok(r.status == 201 and r.replayed and len(made) == 1 and
      r.json()["charge_id"] == made[0]["charge_id"] and charges(rcpt) == 1,
      f"{cat}: while the provider thinks: the worker finished it, the retry replays "
      "the one charge", (r, made))
+held.stop()
 
 # While the outcome is being saved: lease_complete() waits on a lock of
 # the payments table. The cut request's statement runs on to the server's

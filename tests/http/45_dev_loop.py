@@ -476,13 +476,18 @@ for how in ("SIGTERM", "Ctrl-C twice"):
             # During a migration, held in PostgreSQL until it is stopped.
             with open(slow, "w") as f:
                 f.write("select pg_sleep(600);\n")
-            wait_until(lambda: subprocess.run(
-                ["psql", embedded_url, "-XAtc", "select count(*) from pg_stat_activity"
-                 " where query like 'select pg_sleep(600)%'"],
-                capture_output=True, text=True).stdout.strip() == "1",
-                "the migration to be held")
+            def held():
+                return subprocess.run(
+                    ["psql", embedded_url, "-XAtc", "select count(*) from pg_stat_activity"
+                     " where query like 'select pg_sleep(600)%'"],
+                    capture_output=True, text=True).stdout.strip()
+
+            wait_until(lambda: held() == "1", "the migration to be held")
             run.ctrl_c()
-            time.sleep(1)
+            # The second while the stop runs: its first step ends the
+            # change being applied (the migration ignores Ctrl-C itself).
+            wait_until(lambda: held() != "1", "the first Ctrl-C's stop to end the migration",
+                       timeout=STOP_BOUND)
             run.ctrl_c()
     finally:
         status = run.wait(serving=lambda: answers() or provider_answers())

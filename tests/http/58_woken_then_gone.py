@@ -25,7 +25,12 @@ from harness import (ANSWER_BOUND, TOKENS, Api, Background, PsqlSession, Tap,  #
                      waiting_backends)
 
 t = Tap()
-DEADLINE_MS = 8000
+# B's deadline (IDEM_DB_TIMEOUT_MS) counts from its queueing, and the
+# test's own steps (a stopped worker, a commit, A's leaving) pass inside
+# it: far above them however slow the machine, so that a 503 can only be
+# the defect's (B asleep to its deadline, a connection free). Above
+# ANSWER_BOUND, the read of B's answer: before the fix that read gave up.
+DEADLINE_MS = 60000
 # No job queries in the window: Kore's queue of waiting calls is one for
 # all pools, so a job giving back its own connection would wake A first.
 api = Api(name="api-woken", conf_extra=["workers 1", "pgsql_conn_max 1"],

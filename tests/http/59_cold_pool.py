@@ -17,26 +17,32 @@ import sys
 import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "lib"))
-from harness import (ANSWER_BOUND, HEALTH_BOUND, Api, Background, DbProxy, Kore, Tap, new_key,  # noqa: E402
-                     request, sql_value, wait_until)
+from harness import (ANSWER_BOUND, HEALTH_BOUND, Api, Background, DbProxy, Kore,  # noqa: E402
+                     PsqlSession, Tap, new_key, request, sql_value, waiting_backends,
+                     wait_until)
 
 DELAY = 0.15
 CONNECTIONS = 16
+HOLD_BOUND = 60
 t = Tap()
 
 
 db = sql_value("select current_database()")
 
 
-def through(proxy, name, conn_max, connect_timeout=5):
-    api = Api(name=name, conf_extra=["workers 1", f"pgsql_conn_max {conn_max}"])
+def through(proxy, name, conn_max, connect_timeout=5, **env):
+    api = Api(name=name, conf_extra=["workers 1", f"pgsql_conn_max {conn_max}"], **env)
     api.env["IDEM_DATABASE_URL"] = f"host=127.0.0.1 port={proxy.port} dbname={db}" \
         f" user=idem connect_timeout={connect_timeout}"
     return api
 
 
 proxy = DbProxy(DELAY)
-api = through(proxy, "api-cold", CONNECTIONS).start()
+# The burst is held by the test's lock for as long as its steps take: the
+# orders' statements, and their wait for a connection, outlast them
+# (IDEM_DB_TIMEOUT_MS, 5 s by default). A bound on a hang.
+api = through(proxy, "api-cold", CONNECTIONS,
+              IDEM_DB_TIMEOUT_MS=HOLD_BOUND * 1000).start()
 # The pools opened at start: 16 for requests, 1 for /healthz, 2 for token
 # lookups, 4 for the jobs (this one worker runs them); and the parent's
 # one check of the schema at start.
@@ -51,16 +57,25 @@ def order(i):
                                    "currency": "RUB"}, key=new_key("cold"), timeout=ANSWER_BOUND)
 
 
-# A burst as wide as the pool, on a worker that has served only /healthz.
-burst = [Background(order, i) for i in range(2 * CONNECTIONS)]
-wait_until(lambda: any(b.done() for b in burst), "the burst to reach the worker")
-busy = sum(not b.done() for b in burst)
-started = time.monotonic()
-h = request(api.port, "GET", "/healthz", timeout=HEALTH_BOUND)
-took = time.monotonic() - started
-t.ok(h.status == 200 and took <= 1.0,
-     f"/healthz answers within a second during a burst on a fresh worker ({took:.2f} s,"
-     f" {busy} orders in flight)", h)
+# A burst twice as wide as the pool, on a worker that has served only
+# /healthz, held in flight by a lock on the orders table: every request
+# connection waits on it, the other half of the burst waits for them.
+lock = PsqlSession()
+lock.run("begin; lock table orders in share mode;")
+try:
+    burst = [Background(order, i) for i in range(2 * CONNECTIONS)]
+    wait_until(lambda: waiting_backends("%tx_execute(%") == CONNECTIONS,
+               f"the burst to hold all {CONNECTIONS} request connections", timeout=HOLD_BOUND)
+    busy = sum(not b.done() for b in burst)
+    started = time.monotonic()
+    h = request(api.port, "GET", "/healthz", timeout=HEALTH_BOUND)
+    took = time.monotonic() - started
+    t.ok(h.status == 200 and took <= 1.0 and busy == 2 * CONNECTIONS,
+         f"/healthz answers within a second while a burst holds every request "
+         f"connection of a fresh worker ({took:.2f} s, {busy} orders in flight)", h)
+finally:
+    lock.run("commit;")
+    lock.close()
 answers = [b.wait(ANSWER_BOUND) for b in burst]
 t.eq(sorted({a.status for a in answers}), [201], "every order of the burst is created")
 t.eq(proxy.accepted, at_start, "the burst opened no connection")

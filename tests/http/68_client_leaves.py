@@ -21,16 +21,14 @@ itself can finish it within the test's bound).
   reloads once the flow is finished, as for a request in flight.
 IDEM_TEST_SCENARIO=name runs one part."""
 
-import json
 import os
 import signal
-import socket
 import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "lib"))
-from harness import (TOKENS, Api, Provider, PsqlSession, Tap, key_row,  # noqa: E402
-                     new_key, provider_calls, quote, sql_value, waiting_backends,
-                     wait_until)
+from harness import (Api, Provider, PsqlSession, Tap, key_row,  # noqa: E402
+                     new_key, provider_calls, quote, send_and_keep, sql_value,
+                     waiting_backends, wait_until)
 
 t = Tap()
 only = os.environ.get("IDEM_TEST_SCENARIO")
@@ -48,18 +46,6 @@ def scenario(name):
 
 def body(recipient):
     return {"amount": 4200, "currency": "EUR", "recipient": recipient}
-
-
-def send_and_keep(api, key, recipient):
-    """The request sent on a raw socket, kept open, its answer never read."""
-    payload = json.dumps(body(recipient)).encode()
-    s = socket.create_connection(("127.0.0.1", api.port))
-    s.sendall(b"POST /v1/payments HTTP/1.1\r\nHost: 127.0.0.1\r\n"
-              b"Authorization: Bearer " + TOKENS["shop-1"].encode() + b"\r\n"
-              b"Idempotency-Key: " + key.encode() + b"\r\n"
-              b"Content-Type: application/json\r\n"
-              b"Content-Length: " + str(len(payload)).encode() + b"\r\n\r\n" + payload)
-    return s
 
 
 def eventually(cond, bound=BOUND):
@@ -97,7 +83,7 @@ if scenario("call"):
     provider = Provider(port=19061, IDEM_PROVIDER_LATENCY_MS=2000).start()
     api = Api(port=19062, IDEM_PROVIDER_URL=provider.url, **NO_RECOVERY).start()
     key, recipient = new_key("leaves-call"), new_key("acc")
-    s = send_and_keep(api, key, recipient)
+    s = send_and_keep(api.port, "/v1/payments", body(recipient), key)
     wait_until(lambda: provider_calls(f"shop-1:{key}") == 1,
                "the provider to have the request", timeout=BOUND)
     t.eq(key_row(key)["status"], "in_progress", "call: the provider thinks; the key "
@@ -118,7 +104,7 @@ if scenario("settle"):
     lock = PsqlSession()
     lock.run("begin; lock table payments in share mode;")
     try:
-        s = send_and_keep(api, key, recipient)
+        s = send_and_keep(api.port, "/v1/payments", body(recipient), key)
         wait_until(lambda: waiting_backends("%lease_complete(%") == 1,
                    "lease_complete() to wait on the payments table", timeout=BOUND)
         s.close()
@@ -147,8 +133,8 @@ if scenario("queued"):
     lock = PsqlSession()
     lock.run("begin; lock table payments in share mode;")
     try:
-        a = send_and_keep(api, key_a, rcpt_a)
-        b = send_and_keep(api, key_b, rcpt_b)
+        a = send_and_keep(api.port, "/v1/payments", body(rcpt_a), key_a)
+        b = send_and_keep(api.port, "/v1/payments", body(rcpt_b), key_b)
         wait_until(lambda: provider_calls(f"shop-1:{key_b}") == 1 and
                    waiting_backends("%lease_complete(%") == 1,
                    "A's lease_complete() to hold the connection, B called",
@@ -176,7 +162,7 @@ if scenario("reload"):
               conf_extra=["workers 1"], **NO_RECOVERY).start()
     worker = api.workers()
     key, recipient = new_key("leaves-reload"), new_key("acc")
-    s = send_and_keep(api, key, recipient)
+    s = send_and_keep(api.port, "/v1/payments", body(recipient), key)
     wait_until(lambda: provider_calls(f"shop-1:{key}") == 1,
                "the provider to have the request", timeout=BOUND)
     s.close()

@@ -7,7 +7,7 @@ import os
 import signal
 import subprocess
 
-from harness import EXIT_BOUND, HEALTH_BOUND, TMP, free_port, request, wait_until
+from harness import COMMAND_BOUND, EXIT_BOUND, HEALTH_BOUND, TMP, free_port, request, wait_until
 
 _edges = []
 
@@ -22,10 +22,9 @@ def self_signed_pem(path):
     """A certificate for 127.0.0.1 and its key in one PEM file, as haproxy's
     crt takes it (the tests read plain HTTP, and HTTPS unverified)."""
     key, crt = path + ".key", path + ".crt"
-    # A bound on a hang, not a verdict.
     subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes",
                     "-subj", "/CN=127.0.0.1", "-days", "2", "-keyout", key, "-out", crt],
-                   check=True, capture_output=True, timeout=120)
+                   check=True, capture_output=True, timeout=COMMAND_BOUND)
     with open(path, "w") as out:
         for part in (crt, key):
             with open(part) as f:
@@ -54,9 +53,9 @@ class Edge:
     def check(self):
         """haproxy -c: the configuration as haproxy reads it, with this
         environment."""
-        # A bound on a hang, not a verdict.
         return subprocess.run(self._as_user(["haproxy", "-c", "-q", "-f", self.cfg]),
-                              env=self.env, capture_output=True, text=True, timeout=60)
+                              env=self.env, capture_output=True, text=True,
+                              timeout=COMMAND_BOUND)
 
     def start(self):
         self.log = open(self.logpath, "a")

@@ -65,6 +65,11 @@ COMMAND_BOUND = 300
 # EXIT_BOUND: a process told to stop (SIGTERM, SIGKILL, its parent gone,
 # its stdin closed) to exit.
 EXIT_BOUND = 15
+# CONNECT_BOUND: a connection a test's proxy or gateway makes to a server
+# on loopback (PostgreSQL, a provider) to pass a client's on.
+CONNECT_BOUND = 30
+# NETNS_TEST_BOUND: a whole test run again inside a network namespace.
+NETNS_TEST_BOUND = 600
 
 
 # --- TAP --------------------------------------------------------------------
@@ -252,6 +257,22 @@ def post(port, path, body, key=None, client="shop-1", token=None,
     return request(port, "POST", path, body, hdrs, timeout, bad=bad)
 
 
+def send_and_keep(port, path, body, key, client="shop-1"):
+    """A POST sent on a raw socket, kept open, its answer never read: the
+    test closes it when it chooses (a client that leaves)."""
+    payload = json.dumps(body).encode()
+    check_request("POST", path, {"Authorization": f"Bearer {TOKENS[client]}",
+                                 "Idempotency-Key": key,
+                                 "Content-Type": "application/json"}, payload)
+    s = socket.create_connection(("127.0.0.1", port))
+    s.sendall(b"POST " + path.encode() + b" HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+              b"Authorization: Bearer " + TOKENS[client].encode() + b"\r\n"
+              b"Idempotency-Key: " + key.encode() + b"\r\n"
+              b"Content-Type: application/json\r\n"
+              b"Content-Length: " + str(len(payload)).encode() + b"\r\n\r\n" + payload)
+    return s
+
+
 def get(port, path, client="shop-1", timeout=REQUEST_BOUND, bad=False):
     return request(port, "GET", path, None,
                    {"Authorization": f"Bearer {TOKENS[client]}"}, timeout,
@@ -328,11 +349,18 @@ def quote(s):
 class PsqlSession:
     """An open psql session, to hold a transaction while a test acts."""
 
+    # Its own waits for a lock end (an error, the test failed) rather than
+    # hang: a bound on a hang, far above any wait a test means.
+    LOCK_BOUND_S = 60
+
     def __init__(self):
+        env = dict(os.environ)
+        env["PGOPTIONS"] = (env.get("PGOPTIONS", "") +
+                            f" -c lock_timeout={self.LOCK_BOUND_S}s").strip()
         self.proc = subprocess.Popen(
             ["psql", DB_URL, "-X", "-A", "-t", "-q", "-v", "ON_ERROR_STOP=1"],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT, text=True, bufsize=1)
+            stderr=subprocess.STDOUT, text=True, bufsize=1, env=env)
 
     def run(self, statements):
         marker = f"__done_{uuid.uuid4().hex}__"
@@ -365,7 +393,7 @@ def cluster(action):
 
 
 # A health check's call waits for its pool's connection under a second in
-# all (DB_HEALTH_TIMEOUT_MS in src/core/db.c), then /healthz answers 503.
+# all (DB_HEALTH_TIMEOUT_MS in src/core/db.h), then /healthz answers 503.
 HEALTH_GAVE_UP = "database call failed (timeout): no database connection came free in time"
 
 
@@ -409,21 +437,47 @@ def waiting_backends(query_like):
         f" and query like {quote(query_like)}"))
 
 
-def server_end(server_port, client_port):
+def server_socket(server_port, client_port):
     """The TCP state of a loopback server's end of the connection from
-    client_port ("ESTABLISHED", "CLOSE_WAIT", ...), or None once the server
-    has closed it: read off /proc/net/tcp, as ss would."""
+    client_port ("ESTABLISHED", "CLOSE_WAIT", "FIN_WAIT2", ...), or None
+    when there is none: read off /proc/net/tcp and tcp6, as ss would."""
     states = {"01": "ESTABLISHED", "06": "TIME_WAIT", "07": "CLOSE",
               "08": "CLOSE_WAIT", "09": "LAST_ACK", "04": "FIN_WAIT1",
               "05": "FIN_WAIT2", "0B": "CLOSING"}
-    with open("/proc/net/tcp") as f:
-        for line in f.readlines()[1:]:
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            with open(table) as f:
+                lines = f.readlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
             r = line.split()
             if r[1].endswith(f":{server_port:04X}") and r[2].endswith(f":{client_port:04X}"):
-                state = states.get(r[3], r[3])
-                return None if state in ("LAST_ACK", "CLOSE", "FIN_WAIT1", "FIN_WAIT2",
-                                         "TIME_WAIT", "CLOSING") else state
+                return states.get(r[3], r[3])
     return None
+
+
+def server_end(server_port, client_port):
+    """The state of a loopback server's end of the connection from
+    client_port while the server holds it open ("ESTABLISHED",
+    "CLOSE_WAIT"), or None once the server has closed it (or it is not
+    there)."""
+    state = server_socket(server_port, client_port)
+    return None if state in ("LAST_ACK", "CLOSE", "FIN_WAIT1", "FIN_WAIT2",
+                             "TIME_WAIT", "CLOSING") else state
+
+
+def wait_server_closed(server_port, client, what):
+    """Closes a client socket the server holds open, and waits for the
+    server to close its end. Its end is seen first (a lookup that never
+    finds it would pass at once), and seen closed twice in a row (the
+    kernel's tables are read in pieces)."""
+    port = client.getsockname()[1]
+    wait_until(lambda: server_socket(server_port, port) is not None,
+               f"the server's end of the connection to be seen ({what})")
+    client.close()
+    wait_until(lambda: server_end(server_port, port) is None and
+               server_end(server_port, port) is None, what)
 
 
 # --- processes --------------------------------------------------------------
@@ -536,6 +590,8 @@ class DbProxy:
         self.sock.listen(256)
         self.port = self.sock.getsockname()[1]
         self.accepted = 0
+        # The client port of each connection accepted, in order.
+        self.peers = []
         self.hold = False
         self.hold_answers = False
         self.lock = threading.Lock()
@@ -550,7 +606,25 @@ class DbProxy:
             except OSError:     # closed (close())
                 return
             self.accepted += 1
+            try:
+                self.peers.append(client.getpeername()[1])
+            except OSError:     # already gone: counted all the same
+                self.peers.append(None)
             threading.Thread(target=self._open, args=(client,), daemon=True).start()
+
+    def all_accepted(self):
+        """Every connection made to the proxy so far, accepted: a marker
+        connection made now is accepted after them (a listening socket's
+        queue is first in, first out); it is closed, and not counted.
+        Returns how many there were."""
+        marker = socket.create_connection(("127.0.0.1", self.port))
+        port = marker.getsockname()[1]
+        wait_until(lambda: port in self.peers, "the proxy to accept its marker connection")
+        marker.close()
+        self.accepted -= 1
+        n = self.peers.index(port)
+        self.peers.remove(port)
+        return n
 
     def requested(self, text):
         """True once a whole first request containing text has come in."""
@@ -603,10 +677,11 @@ class DbProxy:
         try:
             if self.unix:
                 server = socket.socket(socket.AF_UNIX)
-                server.settimeout(5)
+                server.settimeout(CONNECT_BOUND)
                 server.connect(self.unix)
             else:
-                server = socket.create_connection(("127.0.0.1", self.target), timeout=5)
+                server = socket.create_connection(("127.0.0.1", self.target),
+                                                  timeout=CONNECT_BOUND)
             server.settimeout(None)
         except OSError:
             client.close()
@@ -699,10 +774,9 @@ def in_netns(tag, files=None):
         subprocess.run(["ip", "netns", "exec", ns, "ip", "link", "set", "lo", "up"],
                        check=True)
         env = dict(os.environ, IDEM_TEST_NETNS=ns)
-        # A bound on a hang, far above need.
         rc = subprocess.run(["ip", "netns", "exec", ns, sys.executable,
                              os.path.abspath(sys.argv[0])], env=env,
-                            timeout=600).returncode
+                            timeout=NETNS_TEST_BOUND).returncode
     finally:
         subprocess.run(["ip", "netns", "del", ns])
         shutil.rmtree(etc, ignore_errors=True)
@@ -891,7 +965,7 @@ class StripeMock:
         import base64
         auth = base64.b64encode(f"{STRIPE_SECRET}:".encode()).decode()
         r = request(self.port, "GET", path, headers={"Authorization": "Basic " + auth},
-                    timeout=10)
+                    timeout=REQUEST_BOUND)
         return r.status, r.json()
 
     def _all(self, what):
@@ -1016,7 +1090,8 @@ class Gateway:
         gw = self
 
         def forward(method, path, headers, body):
-            conn = http.client.HTTPConnection("127.0.0.1", gw.upstream_port, timeout=60)
+            conn = http.client.HTTPConnection("127.0.0.1", gw.upstream_port,
+                                              timeout=REQUEST_BOUND)
             try:
                 conn.request(method, path, body=body, headers=headers)
                 r = conn.getresponse()
@@ -1084,7 +1159,8 @@ class Gateway:
         while self._held:
             key, method, path, headers, body = self._held.pop(0)
             import http.client
-            conn = http.client.HTTPConnection("127.0.0.1", self.upstream_port, timeout=60)
+            conn = http.client.HTTPConnection("127.0.0.1", self.upstream_port,
+                                              timeout=REQUEST_BOUND)
             try:
                 conn.request(method, path, body=body, headers=headers)
                 r = conn.getresponse()
