@@ -78,6 +78,7 @@ healthz(struct http_request *req)
 {
 	struct health_check	*h;
 	u_int64_t		elapsed;
+	u_int32_t		budget;
 
 	if (req->method != HTTP_METHOD_GET) {
 		http_response_header(req, "allow", "GET");
@@ -118,8 +119,9 @@ healthz(struct http_request *req)
 		}
 
 		/*
-		 * Its own flight. A check whose flight ended without an
-		 * answer (that flight's client left) keeps its own bound.
+		 * Its own flight, within IDEM_DB_TIMEOUT_MS and the second
+		 * of a check. A check whose flight ended without an answer
+		 * (that flight's client left) keeps its own bound.
 		 */
 		elapsed = kore_time_ms() - h->started;
 		if (elapsed >= DB_HEALTH_TIMEOUT_MS) {
@@ -133,8 +135,10 @@ healthz(struct http_request *req)
 		}
 
 		h->leads = 1;
-		db_call_init_pool(&h->db, req, DB_POOL_HEALTH,
-		    DB_HEALTH_TIMEOUT_MS - elapsed);
+		budget = DB_HEALTH_TIMEOUT_MS - elapsed;
+		if (budget > settings.db_timeout_ms)
+			budget = settings.db_timeout_ms;
+		db_call_init_pool(&h->db, req, DB_POOL_HEALTH, budget);
 		boarding = h;
 	}
 
