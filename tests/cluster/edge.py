@@ -37,12 +37,18 @@ TLS_PORT = int(os.environ["IDEM_TLS_PORT"])
 CA = os.environ["IDEM_TEST_TLS_CA"]
 PUBLIC = os.environ.get("IDEM_PUBLIC_URL", f"http://127.0.0.1:{PORT}")
 BODY = b'{"customer_id":"c-edge","amount":1000,"currency":"RUB"}'
+# Bounds on a hang, far above need: a raw connection's reads, one curl
+# request, one command (haproxy, openssl).
+SOCKET_BOUND = 15
+CURL_BOUND = 60
+COMMAND_BOUND = 30
 
 t = Tap()
 
 
 def connect(tls):
-    s = socket.create_connection(("127.0.0.1", TLS_PORT if tls else PORT), timeout=15)
+    s = socket.create_connection(("127.0.0.1", TLS_PORT if tls else PORT),
+                                 timeout=SOCKET_BOUND)
     if tls:
         ctx = ssl.create_default_context(cafile=CA)
         ctx.set_alpn_protocols(["http/1.1"])
@@ -263,7 +269,7 @@ def h2(args, body=None):
     out = subprocess.run(["curl", "-s", "--http2", "--cacert", CA, "-D", "-",
                           "-w", "\n%{http_version} %{http_code}", "--max-time", "30"] + args +
                          ([f"--data-binary", "@-"] if body is not None else []),
-                         input=body or b"", capture_output=True, timeout=60)
+                         input=body or b"", capture_output=True, timeout=CURL_BOUND)
     text = out.stdout.decode(errors="replace")
     head, _, rest = text.partition("\r\n\r\n")
     doc_text, _, tail = rest.rpartition("\n")
@@ -314,7 +320,7 @@ def h2_raw(fields, body_frames=()):
     HEADERS ending the stream unless body_frames follow. (status, data)."""
     ctx = ssl.create_default_context(cafile=CA)
     ctx.set_alpn_protocols(["h2"])
-    s = ctx.wrap_socket(socket.create_connection(("127.0.0.1", TLS_PORT), timeout=15),
+    s = ctx.wrap_socket(socket.create_connection(("127.0.0.1", TLS_PORT), timeout=SOCKET_BOUND),
                         server_hostname="127.0.0.1")
     block = b"".join(b"\x00" + bytes([len(n)]) + n + bytes([len(v)]) + v
                      for n, v in fields)
@@ -450,22 +456,22 @@ t.ok(not fails, f"differential, seed {seed}: {stats['cases']} cases, {stats['for
 out = subprocess.run(["curl", "-s", "--cacert", CA, "-o", "/dev/null", "-D", "-",
                       "-w", "%{http_version}", "--http2",
                       f"https://127.0.0.1:{TLS_PORT}/healthz"],
-                     capture_output=True, text=True, timeout=30)
+                     capture_output=True, text=True, timeout=COMMAND_BOUND)
 t.ok(out.returncode == 0 and out.stdout.startswith("HTTP/2 200"),
      "curl --cacert verifies the chain and speaks HTTP/2", out.stdout + out.stderr)
 t.ok("strict-transport-security: max-age=" in out.stdout.lower(), "HSTS is set over HTTPS")
 out = subprocess.run(["curl", "-s", "--cacert", CA, "-o", "/dev/null", "-w",
                       "%{http_version}", "--http1.1",
                       f"https://localhost:{TLS_PORT}/healthz"],
-                     capture_output=True, text=True, timeout=30)
+                     capture_output=True, text=True, timeout=COMMAND_BOUND)
 t.eq(out.stdout, "1.1", "HTTP/1.1 is offered too, and the name localhost verifies")
 out = subprocess.run(["curl", "-s", "-o", "/dev/null", "-w", "%{http_code}",
                       f"https://127.0.0.1:{TLS_PORT}/healthz"],
-                     capture_output=True, text=True, timeout=30)
+                     capture_output=True, text=True, timeout=COMMAND_BOUND)
 t.eq(out.returncode, 60, "without the CA the chain does not verify (curl's exit 60)")
 out = subprocess.run(["curl", "-s", "-o", "/dev/null", "-D", "-",
                       f"http://127.0.0.1:{PORT}/healthz"],
-                     capture_output=True, text=True, timeout=30)
+                     capture_output=True, text=True, timeout=COMMAND_BOUND)
 t.ok(out.stdout.startswith("HTTP/1.1 200") and
      "strict-transport-security" not in out.stdout.lower(),
      "plain HTTP answers, without HSTS", out.stdout)

@@ -53,6 +53,14 @@ RETRYABLE = (409, 502, 503, 504)
 # every key of the scenario sent. The sleeps between the faults are the
 # scenario's shape (seconds of traffic between two faults), not bounds.
 PROMOTE_BOUND = 120
+# Bounds on a hang: one psql of the monitor's, one of the cluster's
+# scripts, a /healthz of the monitoring thread (its verdict is the
+# service's second, measured). A readiness probe gives up after PROBE_S
+# and is asked again: not a verdict.
+PSQL_BOUND = 10
+SCRIPT_BOUND = 180
+MONITOR_BOUND = 10
+PROBE_S = 2
 RESTART_BOUND = 60
 KEYS_BOUND = 300
 
@@ -76,7 +84,7 @@ def monitor(query):
     out = subprocess.run(
         ["psql", f"host=127.0.0.1 port={PGPORT} dbname=pg_auto_failover "
          "user=autoctl_node sslmode=disable", "-XAtq", "-c", query],
-        capture_output=True, text=True, timeout=10).stdout
+        capture_output=True, text=True, timeout=PSQL_BOUND).stdout
     return out.strip()
 
 
@@ -98,10 +106,10 @@ def node_sql(node, query):
     return subprocess.run(
         ["psql", f"host=127.0.0.1 port={NODE_PORTS[node]} dbname=idem "
          "user=postgres sslmode=disable", "-XAtq", "-c", query],
-        capture_output=True, text=True, timeout=10).stdout.strip()
+        capture_output=True, text=True, timeout=PSQL_BOUND).stdout.strip()
 
 
-def script(*args, timeout=180):
+def script(*args, timeout=SCRIPT_BOUND):
     r = subprocess.run([os.path.join(ROOT, "scripts", args[0])] + list(args[1:]),
                        capture_output=True, text=True, timeout=timeout)
     if r.returncode != 0:
@@ -138,7 +146,7 @@ def instance_pids(i):
 
 def instance_healthy(i):
     try:
-        return request(API_PORT + i, "GET", "/healthz", timeout=2).status == 200
+        return request(API_PORT + i, "GET", "/healthz", timeout=PROBE_S).status == 200
     except OSError:
         return False
 
@@ -272,7 +280,7 @@ class HealthProbe:
             for i in range(1, INSTANCES + 1):
                 started = time.monotonic()
                 try:
-                    status = request(API_PORT + i, "GET", "/healthz", timeout=10).status
+                    status = request(API_PORT + i, "GET", "/healthz", timeout=MONITOR_BOUND).status
                 except ConnectionRefusedError:
                     continue
                 except OSError as e:

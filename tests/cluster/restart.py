@@ -16,7 +16,7 @@ import threading
 import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "lib"))
-from harness import Tap, cluster_port, post  # noqa: E402
+from harness import ANSWER_BOUND, Tap, cluster_port, post  # noqa: E402
 
 # haproxy over TLS, its chain verified (scripts/test-cluster).
 PORT = cluster_port()
@@ -46,7 +46,7 @@ def add(n, what):
                                         "amount": 100 + i, "currency": "RUB"}
         while True:
             try:
-                r = post(PORT, path, body, key=key, timeout=30)
+                r = post(PORT, path, body, key=key, timeout=ANSWER_BOUND)
             except OSError as e:
                 r = e
             if getattr(r, "status", None) == 201:
@@ -82,7 +82,7 @@ def replay():
                 return
             a = pending.pop()
         try:
-            r = post(PORT, a["path"], a["body"], key=a["key"], timeout=30)
+            r = post(PORT, a["path"], a["body"], key=a["key"], timeout=ANSWER_BOUND)
             ok = r.status == 201 and r.replayed and r.body.decode() == a["response"]
         except OSError as e:
             r, ok = e, False

@@ -42,8 +42,8 @@ import threading
 import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "lib"))
-from harness import (ROOT, Tap, alive, cluster_port, post, quote, request,  # noqa: E402
-                     sql, sql_value, wait_until)
+from harness import (ANSWER_BOUND, COMMAND_BOUND, ROOT, Tap, alive, cluster_port,  # noqa: E402
+                     post, quote, request, sql, sql_value, wait_until)
 
 KEYS = int(os.environ.get("IDEM_UPGRADE_KEYS", "400"))
 CLIENTS = 6
@@ -54,6 +54,10 @@ CLIENTS = 6
 STOP_BOUND = 60
 START_BOUND = 120
 KEYS_BOUND = 300
+# A readiness probe gives up after PROBE_S and is asked again; a request
+# to one instance, and one command: bounds on a hang.
+PROBE_S = 2
+REQUEST_S = 10
 CLUSTER_DIR = os.environ["IDEM_CLUSTER_DIR"]
 OLD_ROOT = os.environ["IDEM_UPGRADE_OLD_ROOT"]
 PORT = cluster_port()
@@ -107,7 +111,7 @@ def send(key):
     kind, path, body = keys[key]
     start = now()
     try:
-        r = post(PORT, path, body, key=key, timeout=30)
+        r = post(PORT, path, body, key=key, timeout=ANSWER_BOUND)
         a = Answer(key, r.status, r.body, r.headers, start, now())
     except (OSError, http.client.HTTPException) as e:
         a = Answer(key, None, repr(e).encode(), {}, start, now())
@@ -176,7 +180,7 @@ def build_of(pid):
 
 def healthy(i):
     try:
-        return request(API_PORT + i, "GET", "/healthz", timeout=2).status == 200
+        return request(API_PORT + i, "GET", "/healthz", timeout=PROBE_S).status == 200
     except OSError:
         return False
 
@@ -194,7 +198,7 @@ def haproxy_sends_to(i):
     try:
         request(PORT, "GET", f"/v1/bonuses/{probe}",
                 headers={"Authorization": "Bearer dev-shop-1",
-                         "X-Idem-Instance": f"api{i}"}, timeout=10)
+                         "X-Idem-Instance": f"api{i}"}, timeout=REQUEST_S)
     except OSError:
         return False
     with open(f"{CLUSTER_DIR}/api{i}.log", errors="replace") as f:
@@ -249,7 +253,7 @@ def migrate():
     before = functions()
     r = subprocess.run([os.path.join(ROOT, "scripts", "migrate"),
                         os.environ["IDEM_TEST_DATABASE_URL"]],
-                       capture_output=True, text=True, timeout=300)
+                       capture_output=True, text=True, timeout=COMMAND_BOUND)
     t.ok(r.returncode == 0, "make migrate applies this release's migrations while "
          "the previous release serves", r.stdout[-2000:] + r.stderr[-2000:])
     # A call of the previous release may be running inside any of its
