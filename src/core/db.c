@@ -917,6 +917,26 @@ db_call_length(struct db_call *c, int col)
 	return (PQgetlength(c->result, 0, col));
 }
 
+/*
+ * Waiting for a connection, its statement not sent yet: a later caller
+ * may still take its answer as its own (/healthz's shared checks).
+ */
+int
+db_call_boardable(struct db_call *c)
+{
+	return (c->phase == DB_PHASE_QUEUED && !c->sent);
+}
+
+/*
+ * Its answer in (or the call given up), not yet settled: db_call_step()
+ * settles it without sleeping or sending anything.
+ */
+int
+db_call_answered(struct db_call *c)
+{
+	return (c->phase == DB_PHASE_ANSWERED);
+}
+
 int
 db_call_null(struct db_call *c, int col)
 {

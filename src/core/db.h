@@ -127,6 +127,8 @@ int		db_call_step(struct db_call *, const char *, int,
 const char	*db_call_value(struct db_call *, int);
 int		db_call_length(struct db_call *, int);
 int		db_call_null(struct db_call *, int);
+int		db_call_boardable(struct db_call *);
+int		db_call_answered(struct db_call *);
 const char	*db_call_field(struct db_call *, const char *);
 int		db_call_field_length(struct db_call *, const char *);
 int		db_call_rows(struct db_call *);

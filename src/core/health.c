@@ -4,10 +4,13 @@
  *
  * Checks in a worker share queries (single flight): a check that arrives
  * while another's query waits for the health connection, not yet sent,
- * rides on it and answers with what it answers. Every answer still comes
- * from a query sent after its own check arrived, and a burst of checks
- * costs a worker two queries in a row, not one per check behind its one
- * connection (each waiting its turn within the bound of a second).
+ * rides on it and answers with what it answers. No check is answered from
+ * a query sent before it arrived; a flight that ends without sending its
+ * query because its client left or its own deadline came in the queue
+ * hands nothing on, and its riders fly again within their own bound. A
+ * burst of checks usually costs a worker two queries in a row, not one per
+ * check behind its one connection (each waiting its turn within the bound
+ * of a second).
  */
 
 #include <sys/types.h>
@@ -59,11 +62,14 @@ struct health_check {
 	TAILQ_ENTRY(health_check)	ride;
 
 	int			answered;
+	int			shareable;	/* its query was sent */
 	struct health_answer	answer;
 };
 
 int		healthz(struct http_request *);
 static int	health_query(struct http_request *);
+static int	health_step(struct health_check *);
+static void	health_verdict(struct health_check *, int);
 static void	health_fail(struct health_answer *, struct db_call *);
 static void	health_ok(struct health_answer *, struct db_call *);
 static void	health_respond(struct http_request *, struct health_answer *);
@@ -111,7 +117,7 @@ healthz(struct http_request *req)
 	}
 
 	if (!h->leads) {
-		if (boarding != NULL && !boarding->db.sent) {
+		if (boarding != NULL && db_call_boardable(&boarding->db)) {
 			h->flight = boarding;
 			TAILQ_INSERT_TAIL(&boarding->riders, h, ride);
 			http_request_sleep(req);
@@ -149,12 +155,41 @@ static int
 health_query(struct http_request *req)
 {
 	struct health_check	*h = http_state_get(req);
+	int			rc;
+
+	if ((rc = health_step(h)) == DB_CALL_PENDING)
+		return (KORE_RESULT_RETRY);
+
+	health_verdict(h, rc);
+	health_land(h);
+	health_respond(req, &h->answer);
+
+	return (KORE_RESULT_OK);
+}
+
+static int
+health_step(struct health_check *h)
+{
 	const char		*params[1];
 
 	params[0] = schema_expected;
-	switch (db_call_step(&h->db, HEALTH_SQL, 1, params)) {
-	case DB_CALL_PENDING:
-		return (KORE_RESULT_RETRY);
+	return (db_call_step(&h->db, HEALTH_SQL, 1, params));
+}
+
+/*
+ * The flight's answer, which its riders take when it says something of
+ * the database after they boarded: its query's answer (sent after they
+ * boarded), or the pool's refusal. Not a flight whose client left before
+ * its query was sent, nor one whose own deadline came while it waited for
+ * the connection (theirs has not): they fly again.
+ */
+static void
+health_verdict(struct health_check *h, int rc)
+{
+	h->answered = 1;
+	h->shareable = !h->db.client_gone && (h->db.sent || !h->db.timed_out);
+
+	switch (rc) {
 	case DB_CALL_DONE:
 		/* Answers, but is not the primary: no write would succeed. */
 		if (h->db.read_only) {
@@ -171,12 +206,6 @@ health_query(struct http_request *req)
 		health_fail(&h->answer, &h->db);
 		break;
 	}
-
-	h->answered = 1;
-	health_land(h);
-	health_respond(req, &h->answer);
-
-	return (KORE_RESULT_OK);
 }
 
 /*
@@ -265,8 +294,8 @@ health_respond(struct http_request *req, struct health_answer *a)
 }
 
 /*
- * The flight is over: those riding it are woken, with its answer when it
- * has one, without when its client left first (they fly again).
+ * The flight is over: those riding it are woken, with its answer when its
+ * query was sent, without otherwise (they fly again).
  */
 static void
 health_land(struct health_check *h)
@@ -279,7 +308,7 @@ health_land(struct health_check *h)
 	while ((r = TAILQ_FIRST(&h->riders)) != NULL) {
 		TAILQ_REMOVE(&h->riders, r, ride);
 		r->flight = NULL;
-		if (h->answered) {
+		if (h->answered && h->shareable) {
 			r->answer = h->answer;
 			r->answered = 1;
 		}
@@ -294,6 +323,10 @@ health_free(struct http_request *req)
 
 	if (h->flight != NULL)
 		TAILQ_REMOVE(&h->flight->riders, h, ride);
+
+	/* Its client left with the answer in: the riders still take it. */
+	if (h->leads && !h->answered && db_call_answered(&h->db))
+		health_verdict(h, health_step(h));
 	health_land(h);
 
 	access_log(req, NULL, NULL, req->status == HTTP_STATUS_OK ? "ok" :
