@@ -117,7 +117,12 @@ healthz(struct http_request *req)
 	}
 
 	if (!h->leads) {
-		if (boarding != NULL && db_call_boardable(&boarding->db)) {
+		/*
+		 * Not a flight whose deadline is past its own: one asking
+		 * again after its flight ended rides none younger than it.
+		 */
+		if (boarding != NULL && db_call_boardable(&boarding->db) &&
+		    boarding->db.deadline <= h->started + DB_HEALTH_TIMEOUT_MS) {
 			h->flight = boarding;
 			TAILQ_INSERT_TAIL(&boarding->riders, h, ride);
 			http_request_sleep(req);
@@ -324,8 +329,9 @@ health_free(struct http_request *req)
 	if (h->flight != NULL)
 		TAILQ_REMOVE(&h->flight->riders, h, ride);
 
-	/* Its client left with the answer in: the riders still take it. */
-	if (h->leads && !h->answered && db_call_answered(&h->db))
+	/* Its client left with the answer in: its riders still take it. */
+	if (h->leads && !h->answered && !TAILQ_EMPTY(&h->riders) &&
+	    db_call_answered(&h->db))
 		health_verdict(h, health_step(h));
 	health_land(h);
 

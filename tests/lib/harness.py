@@ -473,7 +473,10 @@ def wait_server_closed(server_port, client, what):
     finds it would pass at once), and seen closed twice in a row (the
     kernel's tables are read in pieces)."""
     port = client.getsockname()[1]
-    wait_until(lambda: server_socket(server_port, port) is not None,
+    # Open, or closed by the server first: not a TIME_WAIT of an older
+    # connection on the same ports.
+    wait_until(lambda: server_socket(server_port, port) in
+               ("ESTABLISHED", "CLOSE_WAIT", "FIN_WAIT1", "FIN_WAIT2"),
                f"the server's end of the connection to be seen ({what})")
     client.close()
     wait_until(lambda: server_end(server_port, port) is None and
@@ -605,25 +608,29 @@ class DbProxy:
                 client, _ = self.sock.accept()
             except OSError:     # closed (close())
                 return
-            self.accepted += 1
             try:
-                self.peers.append(client.getpeername()[1])
+                peer = client.getpeername()[1]
             except OSError:     # already gone: counted all the same
-                self.peers.append(None)
+                peer = None
+            with self.lock:
+                self.accepted += 1
+                self.peers.append(peer)
             threading.Thread(target=self._open, args=(client,), daemon=True).start()
 
     def all_accepted(self):
         """Every connection made to the proxy so far, accepted: a marker
         connection made now is accepted after them (a listening socket's
         queue is first in, first out); it is closed, and not counted.
-        Returns how many there were."""
+        Returns how many there were. Only connections whose handshake
+        is done are in the queue: exact once their client has stopped."""
         marker = socket.create_connection(("127.0.0.1", self.port))
         port = marker.getsockname()[1]
         wait_until(lambda: port in self.peers, "the proxy to accept its marker connection")
         marker.close()
-        self.accepted -= 1
-        n = self.peers.index(port)
-        self.peers.remove(port)
+        with self.lock:
+            self.accepted -= 1
+            n = self.peers.index(port)
+            self.peers.remove(port)
         return n
 
     def requested(self, text):
