@@ -61,8 +61,9 @@ struct health_check {
 	struct health_check	*flight;
 	TAILQ_ENTRY(health_check)	ride;
 
+	/* Shareable: it says something of the database after riders boarded. */
 	int			answered;
-	int			shareable;	/* its query was sent */
+	int			shareable;
 	struct health_answer	answer;
 };
 
